@@ -1,0 +1,256 @@
+"""Coordinator: builds the stages from a PipelineConfig, submits requests, streams results, broadcasts aborts.
+
+Requests: ``submit`` awaits the final result; ``stream`` yields ``StreamItem``s (client-visible chunks from
+any stage marked ``client_stream`` and from terminal stages) and ends with the final ``ResultItem``.
+Sessions: ``open_session`` registers a listener for the session stage's events, ``append`` feeds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from omni_rt.core.config import ConfigError, PipelineConfig, StageConfig, import_string, resolve_callable
+from omni_rt.core.stage import Routing, Stage
+
+log = logging.getLogger(__name__)
+
+
+class PipelineError(RuntimeError):
+    """A request failed in a stage. ``stage`` and ``code`` say where and why."""
+
+    def __init__(self, stage: str, message: str, code: str = "stage_error") -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.code = code
+
+
+@dataclass(slots=True)
+class StreamItem:
+    stage: str
+    data: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+    t: float = 0.0
+
+
+@dataclass(slots=True)
+class ResultItem:
+    stage: str
+    data: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+    t: float = 0.0
+
+
+@dataclass
+class _Request:
+    queue: asyncio.Queue
+    submitted: float
+
+
+EventListener = Callable[[str, dict[str, Any]], None]
+
+
+def compile_routing(st: StageConfig) -> Routing:
+    """Turn one stage's declarative routing into callables (import errors name stage and field)."""
+    route_fn = resolve_callable(st.name, "route_fn", st.route_fn)
+    allowed = list(st.next)
+
+    if st.terminal:
+        def get_next(request_id: str, result: Any) -> list[str]:
+            return []
+    elif route_fn is not None:
+        def get_next(request_id: str, result: Any, _fn=route_fn) -> list[str]:
+            picked = _fn(request_id, result)
+            picked = [picked] if isinstance(picked, str) else list(picked)
+            bad = [p for p in picked if p not in allowed]
+            if bad or not picked:
+                raise ValueError(f"stage '{st.name}' route_fn returned {picked}; allowed: {allowed}")
+            return picked
+    else:
+        def get_next(request_id: str, result: Any) -> list[str]:
+            return allowed
+
+    project = {
+        target: resolve_callable(st.name, "project_payload", path) for target, path in st.project_payload.items()
+    }
+    return Routing(
+        get_next=get_next,
+        project=project,  # type: ignore[arg-type]
+        stream_to=list(st.stream_to),
+        client_stream=st.client_stream,
+        terminal=st.terminal,
+        wait_for=list(st.wait_for),
+        merge_fn=resolve_callable(st.name, "merge_fn", st.merge_fn),
+        wait_for_fn=resolve_callable(st.name, "wait_for_fn", st.wait_for_fn),
+        buffer_stream_until_payload=not st.can_accept_stream_before_payload,
+    )
+
+
+def build_scheduler(st: StageConfig) -> Any:
+    factory = resolve_callable(st.name, "factory", st.factory)
+    assert factory is not None
+    try:
+        return factory(**st.args)
+    except TypeError as exc:
+        raise ConfigError(st.name, "args", f"factory '{st.factory}' rejected its args: {exc}") from exc
+
+
+class Coordinator:
+    def __init__(self, config: PipelineConfig, schedulers: dict[str, Any] | None = None) -> None:
+        """Build every stage. ``schedulers`` may pass prebuilt schedulers by stage name (tests, shared models)."""
+        self.config = config
+        self.stages: dict[str, Stage] = {}
+        schedulers = schedulers or {}
+        stream_sources: dict[str, list[str]] = {s.name: [] for s in config.stages}
+        for st in config.stages:
+            for target in st.stream_to:
+                stream_sources[target].append(st.name)
+        for st in config.stages:
+            routing = compile_routing(st)
+            sched = schedulers.get(st.name) or build_scheduler(st)
+            self.stages[st.name] = Stage(st.name, sched, routing)
+        for st in config.stages:
+            for target in st.stream_to:
+                if not getattr(self.stages[target].scheduler, "accepts_streams", False):
+                    raise ConfigError(
+                        st.name, "stream_to", f"target '{target}' cannot accept streams (its scheduler has no stream hooks)"
+                    )
+            if stream_sources[st.name]:
+                self.stages[st.name].scheduler.stream_sources = stream_sources[st.name]
+        for stage in self.stages.values():
+            stage.coordinator = self
+            stage.peers = self.stages
+        self._requests: dict[str, _Request] = {}
+        self._listeners: dict[str, EventListener] = {}
+        self._ids = itertools.count()
+        self.started = False
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        for stage in self.stages.values():
+            await stage.start()
+        self.started = True
+
+    async def stop(self) -> None:
+        for rid in list(self._requests):
+            self._finish(rid, PipelineError("coordinator", "pipeline is shutting down", "shutdown"))
+        for stage in self.stages.values():
+            await stage.stop()
+        self.started = False
+
+    def live_state(self) -> dict[str, Any]:
+        """Per-stage live per-request state plus the coordinator's own; all zero when idle."""
+        return {
+            "requests": len(self._requests),
+            "sessions": len(self._listeners),
+            "stages": {name: st.live_state() for name, st in self.stages.items()},
+        }
+
+    def live_total(self) -> int:
+        state = self.live_state()
+        return state["requests"] + state["sessions"] + sum(sum(v.values()) for v in state["stages"].values())
+
+    # ---- requests --------------------------------------------------------------------------------
+    def new_request_id(self, prefix: str = "req") -> str:
+        return f"{prefix}_{next(self._ids)}"
+
+    def _enter(self, request_id: str, payload: Any, entry: str | None) -> _Request:
+        if request_id in self._requests:
+            raise ValueError(f"request id '{request_id}' is already in flight")
+        stage = self.stages[entry or self.config.entry]
+        req = _Request(queue=asyncio.Queue(), submitted=time.perf_counter())
+        self._requests[request_id] = req
+        for st in self.stages.values():
+            st.forget_abort(request_id)
+        stage.deliver_payload(request_id, payload, None)
+        return req
+
+    async def submit(self, request_id: str, payload: Any, entry: str | None = None) -> Any:
+        """Run one request through the pipeline and return the terminal stage's result."""
+        async for item in self.stream(request_id, payload, entry):
+            if isinstance(item, ResultItem):
+                return item.data
+        raise PipelineError("coordinator", "request ended without a result")
+
+    async def stream(self, request_id: str, payload: Any, entry: str | None = None) -> AsyncIterator[StreamItem | ResultItem]:
+        """Yield client-visible chunks as they are produced, then the final result. Raises PipelineError."""
+        req = self._enter(request_id, payload, entry)
+        try:
+            while True:
+                item = await req.queue.get()
+                if isinstance(item, PipelineError):
+                    raise item
+                yield item
+                if isinstance(item, ResultItem):
+                    return
+        finally:
+            if request_id in self._requests:  # consumer left early (cancelled / closed): abort everywhere
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Broadcast: every stage drops queued work and per-request state for this id."""
+        for stage in self.stages.values():
+            stage.abort(request_id)
+        self._finish(request_id, PipelineError("coordinator", "request aborted", "aborted"))
+
+    def _finish(self, request_id: str, item: Any) -> None:
+        req = self._requests.pop(request_id, None)
+        if req is not None:
+            req.queue.put_nowait(item)
+
+    # ---- called by stage shells --------------------------------------------------------------------
+    def on_stream(self, stage: str, request_id: str, data: Any, metadata: dict[str, Any]) -> None:
+        req = self._requests.get(request_id)
+        if req is not None:
+            req.queue.put_nowait(StreamItem(stage, data, metadata, time.perf_counter()))
+
+    def on_result(self, stage: str, request_id: str, data: Any, metadata: dict[str, Any]) -> None:
+        listener = self._listeners.get(request_id)
+        if listener is not None and request_id not in self._requests:
+            listener(stage, {"type": "session.result", "data": data})
+            return
+        self._finish(request_id, ResultItem(stage, data, metadata, time.perf_counter()))
+
+    def on_error(self, stage: str, request_id: str, message: str, code: str) -> bool:
+        """A stage failed ``request_id``. Returns True when that ends the request (False for session ops)."""
+        listener = self._listeners.get(request_id)
+        if listener is not None:
+            listener(stage, {"type": "error", "code": code, "message": message})
+            return False
+        log.warning("request %s failed in stage %s: %s", request_id, stage, message)
+        if request_id in self._requests:
+            for st in self.stages.values():  # drop the rest of the request everywhere
+                if st.name != stage:
+                    st.abort(request_id)
+            self._finish(request_id, PipelineError(stage, message, code))
+        return True
+
+    def on_event(self, stage: str, session_id: str, event: dict[str, Any]) -> None:
+        listener = self._listeners.get(session_id)
+        if listener is not None:
+            listener(stage, event)
+
+    # ---- sessions --------------------------------------------------------------------------------
+    def open_session(self, session_id: str, stage: str, params: dict[str, Any], listener: EventListener) -> None:
+        """Open per-session state in a session stage; its events go to ``listener(stage, event)``."""
+        if session_id in self._listeners:
+            raise ValueError(f"session '{session_id}' is already open")
+        self._listeners[session_id] = listener
+        st = self.stages[stage]
+        st.forget_abort(session_id)
+        st.deliver_payload(session_id, {"op": "open", "params": params}, None)
+
+    def session_control(self, session_id: str, stage: str, op: str, **data: Any) -> None:
+        self.stages[stage].deliver_payload(session_id, {"op": op, **data}, None)
+
+    def append(self, session_id: str, stage: str, data: Any) -> None:
+        self.stages[stage].deliver_stream(session_id, data, "client")
+
+    def close_session(self, session_id: str, stage: str) -> None:
+        """Close (and drop) the session's state; no more events reach its listener."""
+        self._listeners.pop(session_id, None)
+        self.stages[stage].abort(session_id)

@@ -1,0 +1,102 @@
+"""The scheduler protocol every stage scheduler implements, and a thread-safe outbox that wakes the shell."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable, Protocol, runtime_checkable
+
+from omni_rt.core.messages import IncomingMessage, OutgoingMessage
+
+
+class Outbox(queue.Queue):
+    """A ``queue.Queue`` that calls a waker after each put.
+
+    The asyncio shell installs a waker that does ``loop.call_soon_threadsafe(event.set)``, so results reach
+    the event loop in tens of microseconds instead of waiting for a polling interval.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waker: Callable[[], None] | None = None
+
+    def set_waker(self, waker: Callable[[], None] | None) -> None:
+        self._waker = waker
+
+    def put(self, item: OutgoingMessage, block: bool = True, timeout: float | None = None) -> None:  # type: ignore[override]
+        super().put(item, block, timeout)
+        waker = self._waker
+        if waker is not None:
+            waker()
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    """What a stage shell needs from any scheduler; the shell never looks further than this."""
+
+    inbox: "queue.Queue[IncomingMessage]"
+    outbox: Outbox
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def live_state(self) -> int:
+        """Count of per-request (or per-session) entries the scheduler still holds; 0 when idle."""
+        ...
+
+
+class ThreadedScheduler:
+    """Base for schedulers that compute in one daemon thread reading ``inbox``.
+
+    Subclasses implement ``run_loop``. ``abort`` is thread-safe: it records the id and posts an abort
+    message so a blocked loop wakes up and drops the request's state.
+    """
+
+    name: str = "scheduler"
+
+    def __init__(self) -> None:
+        self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
+        self.outbox = Outbox()
+        self._thread: threading.Thread | None = None
+        self._running = threading.Event()
+
+    @property
+    def running(self) -> bool:
+        return self._running.is_set()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._running.set()
+        self._thread = threading.Thread(target=self._guarded_loop, name=f"sched-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._running.clear()
+        self.inbox.put(IncomingMessage(request_id="", type="abort", data="__stop__"))
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def abort(self, request_id: str) -> None:
+        self.inbox.put(IncomingMessage(request_id=request_id, type="abort"))
+
+    def live_state(self) -> int:
+        return 0
+
+    def _guarded_loop(self) -> None:
+        self.run_loop()
+
+    def run_loop(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # helpers for subclasses
+    def emit(self, request_id: str, type_: str, data=None, **metadata) -> None:
+        self.outbox.put(OutgoingMessage(request_id=request_id, type=type_, data=data, metadata=metadata))  # type: ignore[arg-type]
+
+    def emit_error(self, request_id: str, exc: BaseException | str, code: str = "stage_error") -> None:
+        msg = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        self.emit(request_id, "error", f"{self.name}: {msg}", code=code)

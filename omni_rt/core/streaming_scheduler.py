@@ -1,0 +1,96 @@
+"""StreamingSimpleScheduler: a stage that computes on stream chunks as they arrive.
+
+Handles every ordering of the three inputs of a request: chunks, ``stream_done`` (once per stream source)
+and the payload. A request completes (``on_complete``) only when it has its payload *and* every stream
+source has said done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni_rt.core.messages import IncomingMessage
+from omni_rt.core.scheduler import ThreadedScheduler
+
+
+@dataclass
+class StreamState:
+    payload: Any = None
+    has_payload: bool = False
+    done_sources: set[str] = field(default_factory=set)
+    user: dict[str, Any] = field(default_factory=dict)  # subclass per-request state
+
+
+class StreamingSimpleScheduler(ThreadedScheduler):
+    """Override ``on_stream_chunk``, ``on_stream_done`` and ``on_complete``; emit with ``self.emit``."""
+
+    accepts_streams = True
+
+    def __init__(self, name: str = "streaming") -> None:
+        super().__init__()
+        self.name = name
+        self.stream_sources: list[str] = []  # set by the pipeline builder from the compiled routing
+        self.states: dict[str, StreamState] = {}
+
+    # ---- hooks -------------------------------------------------------------------------------------
+    def on_payload(self, request_id: str, state: StreamState) -> None:
+        """The payload arrived (before, between or after chunks)."""
+
+    def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
+        raise NotImplementedError
+
+    def on_stream_done(self, request_id: str, state: StreamState, source: str | None) -> None:
+        """One stream source finished. Default: nothing (emit already-computed tail here if needed)."""
+
+    def on_complete(self, request_id: str, state: StreamState) -> None:
+        """Payload present and all streams done: emit the final ``result``."""
+        self.emit(request_id, "result", state.payload)
+
+    def on_abort(self, request_id: str, state: StreamState) -> None:
+        """Release per-request resources."""
+
+    # ---- machinery ---------------------------------------------------------------------------------
+    def live_state(self) -> int:
+        return len(self.states)
+
+    def _expected_done(self) -> set[str]:
+        return set(self.stream_sources)
+
+    def run_loop(self) -> None:
+        while self.running:
+            msg = self.inbox.get()
+            try:
+                self._handle(msg)
+            except Exception as exc:  # noqa: BLE001 - fail the request, keep the stage alive
+                state = self.states.pop(msg.request_id, None)
+                if state is not None:
+                    try:
+                        self.on_abort(msg.request_id, state)
+                    except Exception:  # noqa: BLE001
+                        pass
+                self.emit_error(msg.request_id, exc)
+
+    def _handle(self, msg: IncomingMessage) -> None:
+        rid = msg.request_id
+        if msg.type == "abort":
+            if msg.data == "__stop__":
+                return
+            state = self.states.pop(rid, None)
+            if state is not None:
+                self.on_abort(rid, state)
+            return
+        state = self.states.get(rid)
+        if state is None:
+            state = self.states[rid] = StreamState()
+        if msg.type == "new_request":
+            state.payload, state.has_payload = msg.data, True
+            self.on_payload(rid, state)
+        elif msg.type == "stream_chunk":
+            self.on_stream_chunk(rid, state, msg.data, msg.source)
+        elif msg.type == "stream_done":
+            state.done_sources.add(msg.source or "")
+            self.on_stream_done(rid, state, msg.source)
+        if state.has_payload and self._expected_done() <= state.done_sources:
+            del self.states[rid]
+            self.on_complete(rid, state)
