@@ -251,6 +251,8 @@ class Coordinator:
         self.stages[stage].deliver_stream(session_id, data, "client")
 
     def close_session(self, session_id: str, stage: str) -> None:
-        """Close (and drop) the session's state; no more events reach its listener."""
+        """Close the session: no more events reach its listener, and every stage drops what it keeps under
+        the session id (the session stage's state, a thinker's per-session prefix cache)."""
         self._listeners.pop(session_id, None)
-        self.stages[stage].abort(session_id)
+        for st in self.stages.values():
+            st.abort(session_id)

@@ -1,0 +1,24 @@
+"""Model presets: which weights each stage uses. A preset is a PipelineConfig file in this folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omni_rt.core.config import PipelineConfig
+
+PRESET_DIR = Path(__file__).resolve().parent
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_preset(name_or_path: str, overrides: dict[str, dict[str, Any]] | None = None) -> PipelineConfig:
+    """Load a preset by name (``cpu``, ``gpu``) or from a YAML/TOML file path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PRESET_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"preset '{name_or_path}' not found (looked for {path}); available: {available_presets()}")
+    return PipelineConfig.from_file(path, overrides)

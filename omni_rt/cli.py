@@ -1,0 +1,48 @@
+"""``omni-rt`` command line: ``serve`` (the realtime server), ``prepare`` (cache weights), ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="omni-rt", description="Realtime speech-to-speech server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve /v1/realtime, the Twilio bridge and the demo page")
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument("--preset", default=None, help="cpu (default, offline) | gpu | path to a YAML/TOML pipeline")
+    serve.add_argument("--api-key", default=None, help="require this bearer token (also OMNI_RT_API_KEY)")
+    serve.add_argument("--max-sessions", type=int, default=None)
+    serve.add_argument("--allowed-origin", action="append", default=None, dest="allowed_origins")
+    serve.add_argument("--log-level", default="info")
+    prep = sub.add_parser("prepare", help="prepare and cache the weights a preset needs (GGUF -> safetensors)")
+    prep.add_argument("--preset", default="cpu")
+    args, rest = parser.parse_known_args(argv)
+
+    if args.command == "prepare":
+        from models.prepare import prepare
+
+        prepare(args.preset)
+        return 0
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import uvicorn
+
+    from omni_rt.server.app import create_app
+    from omni_rt.server.settings import ServerSettings
+
+    overrides = {k: v for k, v in vars(args).items() if k in ServerSettings.model_fields and v is not None}
+    settings = ServerSettings(**overrides)
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, ws_max_size=settings.max_message_bytes,
+                log_level=args.log_level, timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

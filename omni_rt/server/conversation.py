@@ -1,0 +1,120 @@
+"""Per-session conversation history (the items a Realtime client sees) and the prompt built from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni_rt.server.protocol import ProtocolError, new_id
+
+MAX_HISTORY_ITEMS = 24  # the prompt keeps the newest items only; the CPU thinker has a small context
+
+
+@dataclass
+class Item:
+    id: str
+    role: str  # user | assistant | system
+    content: list[dict[str, Any]]
+    status: str = "completed"
+    audio_ms: int = 0  # assistant audio length sent so far (for truncate bounds)
+    clause_ms: list[tuple[int, str]] = field(default_factory=list)  # (start ms, clause) of spoken audio
+
+    def render(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "realtime.item", "type": "message", "role": self.role,
+                "status": self.status, "content": [dict(c) for c in self.content]}
+
+    def text(self) -> str:
+        parts = []
+        for c in self.content:
+            for key in ("text", "transcript"):
+                if c.get(key):
+                    parts.append(c[key])
+                    break
+        return " ".join(parts).strip()
+
+
+ALLOWED_CONTENT = {
+    "user": {"input_text", "input_audio"},
+    "system": {"input_text"},
+    "assistant": {"output_text", "output_audio", "text"},
+}
+
+
+def item_from_client(data: Any) -> Item:
+    """Validate a ``conversation.item.create`` item; only messages are supported (no tools yet)."""
+    if not isinstance(data, dict):
+        raise ProtocolError("invalid_value", "item must be an object", "item")
+    if data.get("type", "message") != "message":
+        raise ProtocolError("invalid_value", f"item type '{data.get('type')}' is not supported (only 'message')", "item.type")
+    role = data.get("role")
+    if role not in ALLOWED_CONTENT:
+        raise ProtocolError("invalid_value", "item.role must be 'user', 'assistant' or 'system'", "item.role")
+    content = data.get("content")
+    if not isinstance(content, list) or not content:
+        raise ProtocolError("missing_required_parameter", "item.content must be a non-empty list", "item.content")
+    clean: list[dict[str, Any]] = []
+    for i, c in enumerate(content):
+        if not isinstance(c, dict):
+            raise ProtocolError("invalid_type", f"item.content[{i}] must be an object", f"item.content[{i}]")
+        ctype = c.get("type")
+        if ctype not in ALLOWED_CONTENT[role]:
+            raise ProtocolError("invalid_value", f"content type '{ctype}' is not allowed for role '{role}'", f"item.content[{i}].type")
+        if ctype == "input_audio":
+            if not isinstance(c.get("transcript"), str):
+                raise ProtocolError("invalid_value", "input_audio content needs a 'transcript' here (audio items are transcribed from the input buffer)",
+                                    f"item.content[{i}].transcript")
+            clean.append({"type": "input_audio", "transcript": c["transcript"]})
+            continue
+        text = c.get("text", c.get("transcript"))
+        if not isinstance(text, str):
+            raise ProtocolError("invalid_type", f"item.content[{i}].text must be a string", f"item.content[{i}].text")
+        ctype = "output_text" if ctype == "text" else ctype
+        key = "transcript" if ctype == "output_audio" else "text"
+        clean.append({"type": ctype, key: text})
+    item_id = data.get("id") or new_id("item")
+    if not isinstance(item_id, str) or len(item_id) > 64:
+        raise ProtocolError("invalid_value", "item.id must be a string of at most 64 characters", "item.id")
+    return Item(id=item_id, role=role, content=clean)
+
+
+class Conversation:
+    def __init__(self) -> None:
+        self.items: list[Item] = []
+
+    def get(self, item_id: Any) -> Item:
+        for it in self.items:
+            if it.id == item_id:
+                return it
+        raise ProtocolError("item_not_found", f"no conversation item with id '{item_id}'", "item_id")
+
+    def last_id(self) -> str | None:
+        return self.items[-1].id if self.items else None
+
+    def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Insert after ``previous_item_id`` (``root`` = first) or append; returns the actual previous id."""
+        if any(it.id == item.id for it in self.items):
+            raise ProtocolError("item_id_exists", f"an item with id '{item.id}' already exists", "item.id")
+        if previous_item_id is None:
+            prev = self.last_id()
+            self.items.append(item)
+            return prev
+        if previous_item_id == "root":
+            self.items.insert(0, item)
+            return None
+        idx = next((i for i, it in enumerate(self.items) if it.id == previous_item_id), None)
+        if idx is None:
+            raise ProtocolError("item_not_found", f"previous_item_id '{previous_item_id}' does not exist", "previous_item_id")
+        self.items.insert(idx + 1, item)
+        return previous_item_id
+
+    def delete(self, item_id: Any) -> None:
+        self.items.remove(self.get(item_id))
+
+    def messages(self, instructions: str) -> list[dict[str, str]]:
+        """Chat messages for the thinker: instructions, then the newest items (empty ones skipped)."""
+        msgs = [{"role": "system", "content": instructions}] if instructions else []
+        for it in self.items[-MAX_HISTORY_ITEMS:]:
+            text = it.text()
+            if text:
+                msgs.append({"role": it.role, "content": text})
+        return msgs

@@ -1,0 +1,25 @@
+"""Prometheus metrics, one registry per server instance (tests start several in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.sessions = Gauge("omni_rt_active_sessions", "Open realtime/telephony sessions", registry=self.registry)
+        self.ttfa = Histogram("omni_rt_ttfa_seconds", "End-of-turn decision to first audio delta sent",
+                              buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.stage_latency = Histogram("omni_rt_stage_latency_seconds", "Per-stage latency", ["stage"],
+                                       buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.errors = Counter("omni_rt_errors_total", "Error events sent, by code", ["code"], registry=self.registry)
+        self.connections = Counter("omni_rt_connections_total", "WebSocket connections, by outcome", ["surface", "outcome"],
+                                   registry=self.registry)
+        self.live_state = Gauge("omni_rt_live_request_state", "Live per-request/per-session entries held by the runtime",
+                                registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,22 @@
+"""Server settings (pydantic): CLI flags and OMNI_RT_* environment variables map onto these fields."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OMNI_RT_", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    preset: str = "cpu"
+    api_key: str | None = Field(None, description="require 'Authorization: Bearer KEY' (or ?token=KEY for browsers)")
+    allowed_origins: list[str] = Field(default_factory=list, description="browser Origins allowed; empty = any")
+    max_sessions: int = Field(32, ge=1, description="concurrent sessions; one more is closed with 1013")
+    max_message_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="larger WebSocket messages close with 1009")
+    idle_timeout_s: float = Field(300.0, gt=0, description="close a session with no client message for this long")
+    max_buffered_audio_s: float = Field(120.0, gt=0, description="cap on uncommitted input audio per session")
+    max_response_tokens: int = Field(96, ge=1, le=4096, description="cap on tokens per spoken answer")
+    shutdown_grace_s: float = Field(5.0, ge=0, description="time open answers get to finish at shutdown")

@@ -1,0 +1,55 @@
+"""Vocoder stages: turn the talker's stream into 24 kHz PCM16 audio chunks for the client.
+
+* ``PcmVocoderScheduler`` (CPU preset): the talker already produced waveforms; resample them with one
+  stateful resampler per response (no seams between clauses) to 24 kHz PCM16.
+* ``SnacVocoderScheduler`` (GPU preset): decode SNAC codes with a sliding window as they arrive.
+
+Both stream ``{"pcm": bytes (PCM16 LE mono, 24 kHz), "samples": int}``; the session layer converts to the
+client's format (G.711 for telephony) because one response is encoded once per surface.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from omni_rt.audio.pcm import StreamResampler, float_to_pcm16
+from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
+
+OUTPUT_RATE = 24000
+
+
+class PcmVocoderScheduler(StreamingSimpleScheduler):
+    def __init__(self, chunk_ms: int = 200) -> None:
+        super().__init__(name="vocoder")
+        self.chunk_samples = int(OUTPUT_RATE * chunk_ms / 1000)
+
+    def _emit_audio(self, request_id: str, state: StreamState, audio: np.ndarray) -> None:
+        # split long clauses so the first bytes leave early and barge-in can stop between chunks
+        for start in range(0, len(audio), self.chunk_samples):
+            piece = audio[start : start + self.chunk_samples]
+            state.user["samples"] = state.user.get("samples", 0) + len(piece)
+            self.emit(request_id, "stream", {"pcm": float_to_pcm16(piece), "samples": len(piece)})
+
+    def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
+        rate = int(data["sample_rate"])
+        rs = state.user.get("resampler")
+        if rs is None:
+            rs = state.user["resampler"] = StreamResampler(rate, OUTPUT_RATE)
+        self._emit_audio(request_id, state, rs.process(np.asarray(data["audio"], dtype=np.float32)))
+
+    def on_stream_done(self, request_id: str, state: StreamState, source: str | None) -> None:
+        rs = state.user.pop("resampler", None)
+        if rs is not None:
+            tail = rs.process(np.zeros(0, dtype=np.float32), last=True)
+            if len(tail):
+                self._emit_audio(request_id, state, tail)
+
+    def on_complete(self, request_id: str, state: StreamState) -> None:
+        payload = state.payload if isinstance(state.payload, dict) else {"text": str(state.payload)}
+        self.emit(request_id, "result", {**payload, "output_samples": state.user.get("samples", 0)})
+
+
+def create_pcm_vocoder(chunk_ms: int = 200) -> PcmVocoderScheduler:
+    return PcmVocoderScheduler(chunk_ms=chunk_ms)

