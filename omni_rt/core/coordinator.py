@@ -223,9 +223,8 @@ class Coordinator:
             return False
         log.warning("request %s failed in stage %s: %s", request_id, stage, message)
         if request_id in self._requests:
-            for st in self.stages.values():  # drop the rest of the request everywhere
-                if st.name != stage:
-                    st.abort(request_id)
+            for st in self.stages.values():  # drop the rest of the request everywhere, the failing stage too:
+                st.abort(request_id)  # its scheduler may still hold state / queued input for the request
             self._finish(request_id, PipelineError(stage, message, code))
         return True
 

@@ -97,7 +97,11 @@ class Stage:
         if r.wait_for and source is not None and source in r.wait_for:
             pending = self.fan_in.get(request_id)
             if pending is None:
-                expected = set(r.wait_for_fn(request_id, source, payload)) if r.wait_for_fn else set(r.wait_for)
+                try:
+                    expected = set(r.wait_for_fn(request_id, source, payload)) if r.wait_for_fn else set(r.wait_for)
+                except Exception as exc:  # noqa: BLE001 - fail the request here, not in the upstream stage
+                    self._fail(request_id, f"wait_for_fn failed: {type(exc).__name__}: {exc}")
+                    return
                 if not expected <= set(r.wait_for):
                     self._fail(request_id, f"wait_for_fn returned {sorted(expected)}, not a subset of {r.wait_for}")
                     return
@@ -107,7 +111,11 @@ class Stage:
                 return
             del self.fan_in[request_id]
             assert r.merge_fn is not None
-            payload = r.merge_fn(request_id, {s: pending.inputs[s] for s in sorted(pending.expected)})
+            try:
+                payload = r.merge_fn(request_id, {s: pending.inputs[s] for s in sorted(pending.expected)})
+            except Exception as exc:  # noqa: BLE001 - fail the request here, not in the upstream stage
+                self._fail(request_id, f"merge_fn failed: {type(exc).__name__}: {exc}")
+                return
         self.active.add(request_id)
         self.scheduler.inbox.put(IncomingMessage(request_id, "new_request", payload, source))
         for msg in self.stream_buffer.pop(request_id, []):
@@ -151,9 +159,9 @@ class Stage:
                     break
                 try:
                     self._route(out)
-                except Exception:  # noqa: BLE001 - a routing bug must not kill the stage
+                except Exception as exc:  # noqa: BLE001 - a routing bug must not kill the stage
                     log.exception("stage %s: routing %s failed", self.name, out.type)
-                    self._fail(out.request_id, "internal routing error")
+                    self._fail(out.request_id, f"internal routing error: {type(exc).__name__}: {exc}")
                 handled += 1
                 if handled % OUTBOX_BURST == 0:
                     await asyncio.sleep(0)  # let other stages and sockets run

@@ -1,0 +1,15 @@
+"""AR engines behind the thinker/talker stages.
+
+Message contract (every backend: built-in ``ARScheduler``, ``RemoteScheduler``, ``SGLangScheduler``):
+
+- ``new_request`` data: ``messages`` (chat, templated with add_generation_prompt) or ``prompt_ids``; optional
+  ``session_id`` (prefix-reuse key), ``max_tokens``, ``temperature`` (default 0 = greedy), ``top_p``, ``top_k``,
+  ``seed``, ``stop`` (strings), ``stop_token_ids``, ``ignore_eos``, ``output`` ("text" | "tokens").
+- ``stream`` out: ``{"text": delta, "token_ids": [...]}`` as tokens are produced (text never splits a character
+  nor leaks the start of a stop string).
+- ``result`` out: ``{"text", "token_ids", "finish_reason": stop|length|abort, "prompt_tokens", "cached_tokens",
+  "prefilled_tokens", "completion_tokens", "ttft_ms"}``.
+- ``error`` out: data = message, ``metadata["code"]``; only the failing request is affected.
+
+Build one with ``omni_rt.engine.factory.create_ar_scheduler``. Nothing heavy is imported here.
+"""

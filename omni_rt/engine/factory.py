@@ -1,0 +1,95 @@
+"""``create_ar_scheduler``: the one entry point the declarative pipeline config names for a thinker/talker.
+
+Backends are imported lazily so that importing this module never pulls in httpx clients or sglang.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+from omni_rt.core.scheduler import ThreadedScheduler
+
+log = logging.getLogger(__name__)
+
+
+def _try_tokenizer(source: str | None):
+    if source is None:
+        return None
+    from omni_rt.engine.weights import load_tokenizer, resolve_model
+
+    try:
+        path = resolve_model(source)
+        if not Path(path).exists():  # a server-side model name: never fetch from a hub at run time
+            return None
+        return load_tokenizer(path)
+    except Exception as exc:
+        log.info("no local tokenizer for %r (%s); token counting unavailable", source, exc)
+        return None
+
+
+def create_ar_scheduler(
+    model: str,
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_batch_size: int = 8,
+    async_decode: bool = True,
+    prefix_reuse: bool = True,
+    kv_budget_tokens: int = 32768,
+    default_max_tokens: int = 256,
+    backend: Literal["torch", "remote", "sglang"] = "torch",
+    base_url: str | None = None,
+    *,
+    name: str = "thinker",
+    max_seq_len: int | None = None,
+    cuda_graphs: bool = True,
+    tokenizer: str | None = None,
+    api_key: str | None = None,
+    **backend_kwargs: Any,
+) -> ThreadedScheduler:
+    """Build an AR scheduler (not started). ``model`` is ``"smollm2"`` (the packaged CPU thinker), a local
+    model directory, or — for ``remote`` — the model name the server expects. ``tokenizer`` (a local path)
+    overrides where ``scheduler.tokenizer`` comes from.
+    """
+    if backend == "torch":
+        from omni_rt.engine.ar_scheduler import ARScheduler
+        from omni_rt.engine.torch_engine import TorchEngine
+        from omni_rt.engine.weights import load_model, load_tokenizer, resolve_model
+
+        path = resolve_model(model)
+        engine = TorchEngine(
+            load_model(path, dtype, device), max_batch_size=max_batch_size, max_seq_len=max_seq_len, cuda_graphs=cuda_graphs
+        )
+        tok_path = tokenizer or path
+        tok = load_tokenizer(tok_path) if tokenizer or (Path(path) / "tokenizer_config.json").exists() else None
+        return ARScheduler(
+            engine,
+            tok,
+            name=name,
+            async_decode=async_decode,
+            prefix_reuse=prefix_reuse,
+            kv_budget_tokens=kv_budget_tokens,
+            default_max_tokens=default_max_tokens,
+        )
+    if backend == "remote":
+        from omni_rt.engine.remote import RemoteScheduler
+
+        if not base_url:
+            raise ValueError("backend='remote' needs base_url, e.g. http://127.0.0.1:30000/v1")
+        return RemoteScheduler(
+            base_url,
+            model=model,
+            tokenizer=_try_tokenizer(tokenizer or model),
+            api_key=api_key,
+            name=name,
+            default_max_tokens=default_max_tokens,
+            **backend_kwargs,
+        )
+    if backend == "sglang":
+        from omni_rt.engine.sglang_engine import SGLangScheduler
+
+        return SGLangScheduler(
+            model, name=name, default_max_tokens=default_max_tokens, dtype=dtype, **backend_kwargs
+        )
+    raise ValueError(f"unknown backend {backend!r}; use 'torch', 'remote' or 'sglang'")

@@ -1,0 +1,120 @@
+"""Slot-based KV cache that transformers attention layers write into.
+
+Why not transformers' own caches: ``StaticCache`` writes every batch row at one shared ``cache_position``, so
+requests of different lengths cannot join and leave a running batch without re-padding it; ``DynamicCache``
+concatenates (new tensors every step, no CUDA graphs, and batching rows of different lengths means left
+padding that must be rebuilt when a request joins). Here each request owns a *slot* (a row of a
+preallocated buffer) and writes its new K/V at its own position, gpt-fast style; the attention mask hides
+each row's unused tail. Live requests always occupy slots ``0..B-1`` (the scheduler compacts on leave), so
+a decode step reads the contiguous prefix ``[:B]`` — a fixed-address view a CUDA graph can capture.
+
+The object only needs ``update(k, v, layer_idx, ...)``: that is the one call transformers' attention makes
+on a cache when the caller passes a prepared 4D mask and explicit ``position_ids``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class KVBlob:
+    """A copy of one sequence's KV: [layers, kv_heads, tokens, head_dim] each (kept for prefix reuse)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return self.k.shape[2]
+
+
+class SlotKVCache:
+    is_compileable = False  # transformers checks this on caches; we capture graphs ourselves
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        max_capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.max_capacity = max_capacity
+        shape = (num_layers, num_slots, num_kv_heads, capacity, head_dim)
+        # zeros, not empty: masked positions still enter SDPA's matmul with V, and 0 * NaN = NaN
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.rows = torch.arange(num_slots, device=device)
+        self._mode = "decode"
+        self._n = 0  # decode: rows in the step
+        self._pos: torch.Tensor | None = None  # decode: [n] write position per row
+        self._view = 0  # decode: how many positions attention reads
+        self._slot = 0  # prefill: the slot
+        self._start = 0  # prefill: first position written
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    def bytes_per_token(self) -> int:
+        layers, _, heads, _, dim = self.k.shape
+        return 2 * layers * heads * dim * self.k.element_size()
+
+    def ensure_capacity(self, needed: int) -> None:
+        """Grow (CPU path only; doubling, so rarely) — the GPU path preallocates ``max_capacity`` for graphs."""
+        if needed <= self.capacity:
+            return
+        if needed > self.max_capacity:
+            raise ValueError(f"sequence of {needed} tokens exceeds max_seq_len={self.max_capacity}")
+        new_cap = min(self.max_capacity, max(needed, 2 * self.capacity))
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            shape = list(old.shape)
+            shape[3] = new_cap
+            new = torch.zeros(shape, dtype=old.dtype, device=old.device)
+            new[:, :, :, : old.shape[3]] = old
+            setattr(self, name, new)
+
+    # ---- set by the engine before each forward ----
+    def for_decode(self, n: int, positions: torch.Tensor, view_len: int) -> None:
+        self._mode, self._n, self._pos, self._view = "decode", n, positions, view_len
+
+    def for_prefill(self, slot: int, start: int) -> None:
+        self._mode, self._slot, self._start = "prefill", slot, start
+
+    # ---- the transformers Cache interface actually used ----
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        k, v = self.k[layer_idx], self.v[layer_idx]
+        if self._mode == "decode":
+            n, rows = self._n, self.rows[: self._n]
+            k[rows, :, self._pos] = key_states[:, :, 0]
+            v[rows, :, self._pos] = value_states[:, :, 0]
+            return k[:n, :, : self._view], v[:n, :, : self._view]
+        s, a = self._slot, self._start
+        b = a + key_states.shape[2]
+        k[s, :, a:b] = key_states[0]
+        v[s, :, a:b] = value_states[0]
+        return k[s : s + 1, :, :b], v[s : s + 1, :, :b]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # only consulted when position_ids is None
+        return 0
+
+    # ---- slot bookkeeping ----
+    def move(self, src: int, dst: int, n: int) -> None:
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+
+    def export(self, slot: int, n: int) -> KVBlob:
+        return KVBlob(self.k[:, slot, :, :n].clone(), self.v[:, slot, :, :n].clone())
+
+    def load(self, slot: int, blob: KVBlob, n: int) -> None:
+        self.ensure_capacity(n)
+        self.k[:, slot, :, :n] = blob.k[:, :, :n]
+        self.v[:, slot, :, :n] = blob.v[:, :, :n]

@@ -1,0 +1,66 @@
+"""Per-session prefix reuse: the KV of a session's last finished request, kept for its next turn.
+
+A voice session's next turn re-sends system prompt + history + one new user message; keeping the previous
+request's KV (keyed by session id, with the exact token ids it covers) lets the next turn prefill only what
+is new. Matching is by longest common token prefix, so an edited or truncated history (barge-in truncating
+the assistant's answer) keeps what still matches and drops the rest. Memory is bounded by a token budget
+with least-recently-used eviction.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from omni_rt.engine.kv_cache import KVBlob
+
+
+@dataclass(slots=True)
+class SessionPrefix:
+    token_ids: list[int]
+    kv: KVBlob
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixStore:
+    def __init__(self, budget_tokens: int) -> None:
+        self.budget_tokens = budget_tokens
+        self._entries: OrderedDict[str, SessionPrefix] = OrderedDict()
+        self.total_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._entries
+
+    def take(self, session_id: str) -> SessionPrefix | None:
+        """Remove and return a session's entry: the request that takes it owns the KV until it finishes."""
+        entry = self._entries.pop(session_id, None)
+        if entry is not None:
+            self.total_tokens -= len(entry.token_ids)
+        return entry
+
+    def put(self, session_id: str, token_ids: list[int], kv: KVBlob) -> None:
+        self.take(session_id)
+        if not token_ids or len(token_ids) > self.budget_tokens:
+            return
+        while self._entries and self.total_tokens + len(token_ids) > self.budget_tokens:
+            _, old = self._entries.popitem(last=False)
+            self.total_tokens -= len(old.token_ids)
+        self._entries[session_id] = SessionPrefix(list(token_ids), kv)
+        self.total_tokens += len(token_ids)
+
+    def drop(self, session_id: str) -> None:
+        self.take(session_id)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.total_tokens = 0

@@ -1,0 +1,152 @@
+"""Remote engine: an AR scheduler backed by any OpenAI-compatible streaming endpoint (SGLang, vLLM,
+llama.cpp server, or ``omni_rt.engine.openai_compat_server``).
+
+``messages`` requests go to ``/chat/completions``; ``prompt_ids`` requests to ``/completions`` with a token
+list as the prompt (SGLang and vLLM accept it). Connection failures and 5xx/429 answers are retried with
+backoff only while nothing has been streamed yet — after the first token a retry would duplicate text.
+Abort cancels the request's task, which closes the HTTP stream; SGLang/vLLM abort a request whose client
+disconnects, freeing its KV. Prefix reuse is the server's business (SGLang's radix cache); the server's
+``usage.prompt_tokens_details.cached_tokens`` is passed through when it reports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator
+
+import httpx
+
+from omni_rt.engine.async_stream import AsyncStreamScheduler, Delta, UpstreamError
+from omni_rt.engine.request import GenRequest
+
+_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError, httpx.ReadError)
+
+
+class _RetryableStatus(Exception):
+    pass
+
+
+def request_body(req: GenRequest, model: str) -> dict[str, Any]:
+    """OpenAI request body; engine-specific knobs (top_k, ignore_eos, ...) only when they differ from defaults."""
+    body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
+    if req.messages is not None:
+        body["messages"] = req.messages
+    else:
+        body["prompt"] = req.prompt_ids
+    body["max_tokens"] = req.max_tokens
+    s = req.sampling
+    body["temperature"] = s.temperature
+    if s.top_p < 1.0:
+        body["top_p"] = s.top_p
+    if s.top_k > 0:
+        body["top_k"] = s.top_k
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if req.stop:
+        body["stop"] = list(req.stop)
+    if req.stop_token_ids:
+        body["stop_token_ids"] = list(req.stop_token_ids)
+    if req.ignore_eos:
+        body["ignore_eos"] = True
+    if req.session_id:
+        body["user"] = req.session_id  # omni-rt's server keys prefix reuse on it; others ignore it
+    if req.output == "tokens":
+        body["return_token_ids"] = True
+    return body
+
+
+def _usage(u: dict | None) -> dict[str, int] | None:
+    if not u:
+        return None
+    details = u.get("prompt_tokens_details") or {}
+    return {
+        "prompt_tokens": int(u.get("prompt_tokens") or 0),
+        "completion_tokens": int(u.get("completion_tokens") or 0),
+        "cached_tokens": int(details.get("cached_tokens") or 0),
+    }
+
+
+def parse_sse_chunk(obj: dict) -> Delta:
+    """One ``chat.completion.chunk`` or ``text_completion`` chunk -> Delta."""
+    if "error" in obj:
+        err = obj["error"]
+        raise UpstreamError(f"upstream error: {err.get('message', err) if isinstance(err, dict) else err}")
+    d = Delta(usage=_usage(obj.get("usage")))
+    for ch in obj.get("choices") or []:
+        delta = ch.get("delta") or {}
+        d.text += delta.get("content") or ch.get("text") or ""
+        d.token_ids.extend(ch.get("token_ids") or delta.get("token_ids") or [])
+        d.finish_reason = ch.get("finish_reason") or d.finish_reason
+    return d
+
+
+class RemoteScheduler(AsyncStreamScheduler):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str = "default",
+        tokenizer: Any = None,
+        api_key: str | None = None,
+        name: str = "remote",
+        default_max_tokens: int = 256,
+        connect_timeout_s: float = 3.0,
+        read_timeout_s: float = 60.0,
+        retries: int = 2,
+        retry_backoff_s: float = 0.25,
+    ) -> None:
+        super().__init__(name=name, default_max_tokens=default_max_tokens, tokenizer=tokenizer)
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=10.0, pool=10.0)
+        self._client: httpx.AsyncClient | None = None
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
+        if self._client is None:  # created inside the loop thread it will live in
+            self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
+        path = "/chat/completions" if req.messages is not None else "/completions"
+        url = self.base_url + path
+        body = request_body(req, self.model)
+        started = False
+        for attempt in range(self.retries + 1):
+            try:
+                async with self._client.stream("POST", url, json=body) as resp:
+                    if resp.status_code != 200:
+                        detail = (await resp.aread()).decode(errors="replace")[:500]
+                        if resp.status_code >= 500 or resp.status_code == 429:
+                            raise _RetryableStatus(f"HTTP {resp.status_code}: {detail}")
+                        raise UpstreamError(f"{url} answered HTTP {resp.status_code}: {detail}", code="upstream_http_error")
+                    async for line in resp.aiter_lines():
+                        if not line.startswith("data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == "[DONE]":
+                            return
+                        delta = parse_sse_chunk(json.loads(payload))
+                        started = started or bool(delta.text or delta.token_ids)
+                        yield delta
+                    return
+            except httpx.ReadTimeout as exc:
+                if started or attempt == self.retries:
+                    raise UpstreamError(f"{url} stalled: no data for {self._timeout.read:.0f} s", code="upstream_timeout") from exc
+            except (*_RETRYABLE, _RetryableStatus) as exc:
+                if started:
+                    raise UpstreamError(f"stream from {url} broke mid-answer ({type(exc).__name__}: {exc})") from exc
+                if attempt == self.retries and isinstance(exc, _RetryableStatus):
+                    raise UpstreamError(f"{url} answered {exc} ({attempt + 1} attempts)", code="upstream_http_error") from exc
+                if attempt == self.retries:
+                    raise UpstreamError(
+                        f"cannot reach {url} after {attempt + 1} attempts ({type(exc).__name__}: {exc}); "
+                        "is the OpenAI-compatible server running?",
+                        code="upstream_unavailable",
+                    ) from exc
+            await asyncio.sleep(self.retry_backoff_s * 2**attempt)
