@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import json
 import logging
 import time
@@ -329,34 +330,35 @@ class RealtimeSession:
         speak = "audio" in resp.modalities
         clause_start_ms = 0.0
         try:
-            async for out in self.runtime.coordinator.stream(resp.id, payload, entry=RESPONSE_ENTRY):
-                if resp.status != "in_progress":
-                    break
-                if isinstance(out, StreamItem):
-                    if out.stage == "thinker":
-                        delta = out.data.get("text", "") if isinstance(out.data, dict) else str(out.data)
-                        if delta:
-                            if not resp.text:
-                                m.stage_latency.labels(stage="thinker_first_token").observe(time.perf_counter() - resp.started)
-                            resp.text += delta
-                            kind = "response.output_audio_transcript.delta" if speak else "response.output_text.delta"
-                            self.send({"type": kind, "response_id": resp.id, "item_id": resp.item.id, "output_index": 0,
-                                       "content_index": 0, "delta": delta})
-                    elif out.stage == "talker" and speak:
-                        resp.item.clause_ms.append((int(clause_start_ms), out.data.get("text", "")))
-                        clause_start_ms += 1000.0 * len(out.data["audio"]) / out.data["sample_rate"]
-                    elif out.stage == "vocoder" and speak:
-                        pcm = out.data["pcm"]
-                        if encoder is not None:
-                            pcm = encoder.encode(pcm16_to_float(pcm))
-                        self._send_audio(resp, pcm, out.data["samples"])
-                elif isinstance(out, ResultItem):
-                    if encoder is not None and speak:
-                        tail = encoder.flush()
-                        if tail:
-                            self._send_audio(resp, tail, 0)
-                    resp.usage = {k: out.data.get(k) for k in ("prompt_tokens", "completion_tokens", "cached_tokens") if isinstance(out.data, dict)}
-                    resp.status = "completed"
+            async with contextlib.aclosing(self.runtime.coordinator.stream(resp.id, payload, entry=RESPONSE_ENTRY)) as stream:
+                async for out in stream:
+                    if resp.status != "in_progress":
+                        break
+                    if isinstance(out, StreamItem):
+                        if out.stage == "thinker":
+                            delta = out.data.get("text", "") if isinstance(out.data, dict) else str(out.data)
+                            if delta:
+                                if not resp.text:
+                                    m.stage_latency.labels(stage="thinker_first_token").observe(time.perf_counter() - resp.started)
+                                resp.text += delta
+                                kind = "response.output_audio_transcript.delta" if speak else "response.output_text.delta"
+                                self.send({"type": kind, "response_id": resp.id, "item_id": resp.item.id, "output_index": 0,
+                                           "content_index": 0, "delta": delta})
+                        elif out.stage == "talker" and speak:
+                            resp.item.clause_ms.append((int(clause_start_ms), out.data.get("text", "")))
+                            clause_start_ms += 1000.0 * len(out.data["audio"]) / out.data["sample_rate"]
+                        elif out.stage == "vocoder" and speak:
+                            pcm = out.data["pcm"]
+                            if encoder is not None:
+                                pcm = encoder.encode(pcm16_to_float(pcm))
+                            self._send_audio(resp, pcm, out.data["samples"])
+                    elif isinstance(out, ResultItem):
+                        if encoder is not None and speak:
+                            tail = encoder.flush()
+                            if tail:
+                                self._send_audio(resp, tail, 0)
+                        resp.usage = {k: out.data.get(k) for k in ("prompt_tokens", "completion_tokens", "cached_tokens") if isinstance(out.data, dict)}
+                        resp.status = "completed"
         except PipelineError as exc:
             if resp.status == "in_progress":
                 resp.status, resp.status_reason = "failed", exc.code
