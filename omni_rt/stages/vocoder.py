@@ -53,3 +53,50 @@ class PcmVocoderScheduler(StreamingSimpleScheduler):
 
 def create_pcm_vocoder(chunk_ms: int = 200) -> PcmVocoderScheduler:
     return PcmVocoderScheduler(chunk_ms=chunk_ms)
+
+
+class SnacVocoderScheduler(StreamingSimpleScheduler):
+    """Streams SNAC codes (``{"frames": (n, 7) int array}``) to 24 kHz PCM16 with a sliding-window decoder."""
+
+    def __init__(self, model: Any, device: str = "cpu", window_frames: int | None = None) -> None:
+        super().__init__(name="vocoder")
+        self.model = model
+        self.device = device
+        self.window_frames = window_frames
+
+    def _decoder(self, state: StreamState) -> Any:
+        from omni_rt.backends.snac_codec import SnacStreamingDecoder
+
+        dec = state.user.get("decoder")
+        if dec is None:
+            kwargs = {} if self.window_frames is None else {"window_frames": self.window_frames}
+            dec = state.user["decoder"] = SnacStreamingDecoder(self.model, device=self.device, **kwargs)
+        return dec
+
+    def _emit_audio(self, request_id: str, state: StreamState, audio: np.ndarray) -> None:
+        if len(audio):
+            state.user["samples"] = state.user.get("samples", 0) + len(audio)
+            self.emit(request_id, "stream", {"pcm": float_to_pcm16(audio), "samples": len(audio)})
+
+    def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
+        self._emit_audio(request_id, state, self._decoder(state).push_many(list(np.asarray(data["frames"]))))
+
+    def on_stream_done(self, request_id: str, state: StreamState, source: str | None) -> None:
+        self._emit_audio(request_id, state, self._decoder(state).flush())
+
+    def on_complete(self, request_id: str, state: StreamState) -> None:
+        payload = state.payload if isinstance(state.payload, dict) else {"text": str(state.payload)}
+        self.emit(request_id, "result", {**payload, "output_samples": state.user.get("samples", 0)})
+
+
+def create_snac_vocoder(model: str | None = None, device: str = "cpu", random_init: bool = False) -> SnacVocoderScheduler:
+    """``model``: a local SNAC 24 kHz directory (config.json + pytorch_model.bin); ``random_init`` for shape tests."""
+    from omni_rt.backends.snac_codec import build_random_snac, load_snac
+
+    if random_init:
+        snac = build_random_snac().to(device)
+    elif model is None:
+        raise ValueError("stage 'vocoder' field 'model': give a local SNAC 24 kHz directory or random_init: true")
+    else:
+        snac = load_snac(model, device=device)
+    return SnacVocoderScheduler(snac, device=device)

@@ -1,0 +1,707 @@
+// omni-rt browser voice demo.
+//
+// Microphone -> AudioWorklet (24 kHz PCM16) -> `input_audio_buffer.append` over
+// the OpenAI Realtime protocol on WS /v1/realtime; `response.output_audio.delta`
+// -> AudioWorklet jitter buffer -> speakers. Barge-in flushes playback at once
+// and truncates the interrupted item where the user stopped hearing it.
+//
+// No build step and no external resources. State for tests: window.omniStats.
+
+const RATE = 24000; // wire format: audio/pcm, 24 kHz, mono, PCM16 little-endian
+const CHUNK_MS = 20; // microphone chunk per append
+const PREBUFFER_MS = 80; // jitter buffer before playback starts
+const REBUFFER_MS = 40; // after an underrun
+
+const SESSION_UPDATE = {
+  type: 'session.update',
+  session: {
+    type: 'realtime',
+    output_modalities: ['audio'],
+    audio: {
+      input: {
+        format: { type: 'audio/pcm', rate: RATE },
+        turn_detection: {
+          type: 'server_vad',
+          silence_duration_ms: 500,
+          create_response: true,
+          interrupt_response: true,
+        },
+        transcription: { model: 'whisper-1' },
+      },
+      output: { format: { type: 'audio/pcm', rate: RATE } },
+    },
+  },
+};
+
+const CLOSE_REASONS = {
+  1000: 'Connection closed',
+  1001: 'Server is going away',
+  1006: 'Connection lost',
+  1008: 'Not authorized — check the API token',
+  1009: 'Message too large',
+  1011: 'Server error',
+  1012: 'Server is restarting',
+  1013: 'Server is full — try again later',
+};
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  connect: $('connect'),
+  mute: $('mute'),
+  token: $('token'),
+  status: $('status'),
+  latency: $('latency'),
+  latencyDetail: $('latency-detail'),
+  log: $('log'),
+  level: $('level'),
+  activity: $('activity'),
+  details: $('details'),
+};
+
+const stats = {
+  state: 'idle', // idle | connecting | connected | closed | error
+  playedSamples: 0, // response audio actually output, in 24 kHz samples
+  latencies: [], // ms, end of speech -> first sound, one per turn
+  serverLatencies: [], // ms, as reported by the server, when it does
+  userTranscripts: [],
+  assistantTranscripts: [],
+  errors: [], // server `error` events and client-side failures
+  sent: {}, // client event type -> count
+  received: {}, // server event type -> count
+  underruns: 0,
+  micChunks: 0, // 20 ms chunks captured
+  truncations: [], // {item_id, audio_end_ms}
+  closeCode: null,
+  closeReason: '',
+  sessionId: null,
+};
+window.omniStats = stats;
+
+// ---------------------------------------------------------------- helpers
+
+function bytesToBase64(u8) {
+  let s = '';
+  for (let i = 0; i < u8.length; i += 0x8000) {
+    s += String.fromCharCode.apply(null, u8.subarray(i, i + 0x8000));
+  }
+  return btoa(s);
+}
+
+function base64ToFloat32(b64) {
+  const bin = atob(b64);
+  const n = bin.length >> 1;
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) {
+    let v = bin.charCodeAt(2 * i) | (bin.charCodeAt(2 * i + 1) << 8);
+    if (v >= 0x8000) v -= 0x10000;
+    out[i] = v / 32768;
+  }
+  return out;
+}
+
+// Linear resampling, only used if the browser refused a 24 kHz AudioContext.
+function resampleLinear(x, from, to) {
+  if (from === to) return x;
+  const n = Math.max(1, Math.round((x.length * to) / from));
+  const y = new Float32Array(n);
+  const step = from / to;
+  for (let i = 0; i < n; i++) {
+    const t = i * step;
+    const j = Math.min(x.length - 1, t | 0);
+    const f = t - j;
+    y[i] = x[j] * (1 - f) + x[Math.min(x.length - 1, j + 1)] * f;
+  }
+  return y;
+}
+
+function realtimeUrl(token) {
+  const params = new URLSearchParams(location.search);
+  // ?ws=ws://host:port/v1/realtime points the page at another server.
+  let url = params.get('ws');
+  if (!url) {
+    // The page loads as /static/app.js (index at /): the endpoint is a sibling of static/.
+    const u = new URL('../v1/realtime', import.meta.url);
+    u.protocol = u.protocol === 'https:' ? 'wss:' : 'ws:';
+    url = u.href;
+  }
+  const u = new URL(url, location.href);
+  if (token) u.searchParams.set('token', token);
+  return u;
+}
+
+function median(xs) {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+}
+
+// ---------------------------------------------------------------- UI
+
+function setState(state, text) {
+  stats.state = state;
+  ui.status.dataset.state = state === 'closed' ? 'idle' : state;
+  if (text !== undefined) ui.status.textContent = text;
+  const live = state === 'connecting' || state === 'connected';
+  ui.connect.textContent = state === 'connecting' ? 'Cancel' : live ? 'Disconnect' : 'Connect';
+  ui.connect.classList.toggle('live', live);
+  ui.connect.setAttribute('aria-label', live ? 'Disconnect' : 'Connect');
+  ui.mute.disabled = state !== 'connected';
+  ui.token.disabled = live;
+  if (!live) {
+    ui.mute.setAttribute('aria-pressed', 'false');
+    ui.mute.textContent = 'Mute';
+    ui.level.style.width = '0';
+    ui.activity.textContent = '';
+  }
+}
+
+function scrollLog() {
+  ui.log.scrollTop = ui.log.scrollHeight;
+}
+
+function note(text, isError = false) {
+  const el = document.createElement('div');
+  el.className = isError ? 'note error' : 'note';
+  el.textContent = text;
+  ui.log.appendChild(el);
+  scrollLog();
+  return el;
+}
+
+const bubbles = new Map(); // item id -> {el, text, role}
+
+function bubble(itemId, role) {
+  let b = bubbles.get(itemId);
+  if (b) return b;
+  const el = document.createElement('div');
+  el.className = `msg ${role} pending`;
+  el.dataset.itemId = itemId;
+  const who = document.createElement('span');
+  who.className = 'who';
+  who.textContent = role === 'user' ? 'You' : 'Assistant';
+  const chip = document.createElement('span');
+  chip.className = 'chip';
+  who.appendChild(chip);
+  const text = document.createElement('span');
+  text.className = 'text';
+  text.textContent = role === 'user' ? 'listening…' : '…';
+  el.append(who, text);
+  ui.log.appendChild(el);
+  b = { el, textEl: text, chip, text: '', role };
+  bubbles.set(itemId, b);
+  scrollLog();
+  return b;
+}
+
+function setBubbleText(b, text, final = false) {
+  b.text = text;
+  b.textEl.textContent = text || (final ? '(no speech recognized)' : '…');
+  b.el.classList.toggle('pending', !text);
+  scrollLog();
+}
+
+function showLatency(ms, itemId) {
+  stats.latencies.push(ms);
+  ui.latency.textContent = `${Math.round(ms)} ms`;
+  const n = stats.latencies.length;
+  let detail = `last turn · median ${Math.round(median(stats.latencies))} ms over ${n} turn${n > 1 ? 's' : ''}`;
+  if (stats.serverLatencies.length) {
+    detail += ` · server TTFA ${Math.round(stats.serverLatencies[stats.serverLatencies.length - 1])} ms`;
+  }
+  ui.latencyDetail.textContent = detail;
+  const b = bubbles.get(itemId);
+  if (b) b.chip.textContent = `${Math.round(ms)} ms`;
+}
+
+function serverLatencyFrom(response) {
+  // Optional: a server may report its own end-of-turn -> first audio time.
+  const md = (response && response.metadata) || {};
+  for (const key of ['ttfa_ms', 'server_ttfa_ms', 'latency_ms']) {
+    const v = parseFloat(md[key]);
+    if (Number.isFinite(v)) return v;
+  }
+  return null;
+}
+
+// ---------------------------------------------------------------- session
+
+let session = null;
+
+class Session {
+  constructor(token) {
+    this.token = token;
+    this.ws = null;
+    this.opened = false;
+    this.closed = false;
+    this.muted = false;
+    this.stream = null;
+    this.captureCtx = null;
+    this.playCtx = null;
+    this.captureNode = null;
+    this.playNode = null;
+    this.playRatio = 1; // 24 kHz samples per playback-context sample
+    this.items = new Map(); // assistant item id -> {responseId, received, played, audioDone}
+    this.dropItems = new Set(); // items whose further audio is discarded (barge-in)
+    this.dropResponses = new Set();
+    this.activeResponse = null; // id of the response being generated
+    this.pendingStop = null; // performance.now() when speech_stopped arrived
+    this.flushSeq = 0;
+    this.flushWaiters = new Map();
+    this.zeroChunk = null;
+    this.levelTick = 0;
+  }
+
+  async start() {
+    setState('connecting', 'Starting microphone…');
+    // Audio contexts are created inside the click so playback is allowed to start.
+    try {
+      this.playCtx = new AudioContext({ sampleRate: RATE, latencyHint: 'interactive' });
+    } catch (e) {
+      this.playCtx = new AudioContext({ latencyHint: 'interactive' });
+    }
+    this.playRatio = RATE / this.playCtx.sampleRate;
+    this.captureCtx = new AudioContext({ latencyHint: 'interactive' });
+    this.playCtx.resume();
+    this.captureCtx.resume();
+
+    if (!window.isSecureContext || !navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
+      throw new ClientError('The microphone needs a secure page: open this demo over https:// or http://localhost.');
+    }
+    // Open the socket while the user answers the permission prompt.
+    this.openSocket();
+
+    let stream;
+    try {
+      stream = await navigator.mediaDevices.getUserMedia({
+        audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true, channelCount: 1 },
+      });
+    } catch (e) {
+      const name = e && e.name;
+      if (name === 'NotAllowedError' || name === 'SecurityError') {
+        throw new ClientError('Microphone access was denied. Allow the microphone for this site (the icon in the address bar) and connect again.');
+      }
+      if (name === 'NotFoundError' || name === 'OverconstrainedError') {
+        throw new ClientError('No microphone was found. Plug one in and connect again.');
+      }
+      if (name === 'NotReadableError') {
+        throw new ClientError('The microphone is busy or unavailable (is another app using it?).');
+      }
+      throw new ClientError(`Could not start the microphone: ${e && e.message ? e.message : e}`);
+    }
+    if (this.closed) {
+      stream.getTracks().forEach((t) => t.stop());
+      return;
+    }
+    this.stream = stream;
+
+    await Promise.all([
+      this.captureCtx.audioWorklet.addModule(new URL('./capture-worklet.js', import.meta.url)),
+      this.playCtx.audioWorklet.addModule(new URL('./playback-worklet.js', import.meta.url)),
+    ]);
+    if (this.closed) return;
+
+    this.playNode = new AudioWorkletNode(this.playCtx, 'omni-playback', {
+      numberOfInputs: 0,
+      numberOfOutputs: 1,
+      outputChannelCount: [1],
+      processorOptions: { prebufferMs: PREBUFFER_MS, rebufferMs: REBUFFER_MS },
+    });
+    this.playNode.port.onmessage = (e) => this.onPlayback(e.data);
+    this.playNode.connect(this.playCtx.destination);
+
+    const source = this.captureCtx.createMediaStreamSource(stream);
+    this.captureNode = new AudioWorkletNode(this.captureCtx, 'omni-capture', {
+      numberOfInputs: 1,
+      numberOfOutputs: 0,
+      channelCount: 1,
+      channelCountMode: 'explicit',
+      processorOptions: { chunkMs: CHUNK_MS },
+    });
+    this.captureNode.port.onmessage = (e) => this.onMic(e.data);
+    source.connect(this.captureNode);
+    this.source = source;
+    if (this.opened) this.onReady();
+    else setState('connecting', 'Connecting to server…');
+  }
+
+  openSocket() {
+    let url;
+    try {
+      url = realtimeUrl(this.token);
+    } catch (e) {
+      throw new ClientError(`Bad server address: ${e.message}`);
+    }
+    this.url = url;
+    const ws = new WebSocket(url.href);
+    this.ws = ws;
+    ws.onopen = () => {
+      this.opened = true;
+      this.send(SESSION_UPDATE);
+      if (this.captureNode) this.onReady();
+    };
+    ws.onmessage = (e) => {
+      let ev;
+      try {
+        ev = JSON.parse(e.data);
+      } catch (err) {
+        note(`Unreadable message from the server: ${String(e.data).slice(0, 120)}`, true);
+        return;
+      }
+      try {
+        this.onEvent(ev);
+      } catch (err) {
+        console.error('omni-rt: failed to handle', ev && ev.type, err);
+      }
+    };
+    ws.onerror = () => {}; // details arrive with onclose
+    ws.onclose = (e) => this.onClose(e);
+  }
+
+  onReady() {
+    setState('connected', 'Connected — speak now');
+    // If the browser never starts audio (no output device, autoplay policy), say so instead of hanging.
+    setTimeout(() => {
+      if (this.closed || stats.micChunks > 0) return;
+      this.captureCtx.resume();
+      this.playCtx.resume();
+      const msg = `No audio from the microphone yet (audio engine ${this.captureCtx.state}). Check that the browser has an audio device and is allowed to play sound here.`;
+      note(msg, true);
+    }, 3000);
+  }
+
+  send(ev) {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return false;
+    this.ws.send(JSON.stringify(ev));
+    stats.sent[ev.type] = (stats.sent[ev.type] || 0) + 1;
+    return true;
+  }
+
+  // -------- microphone
+  onMic(msg) {
+    if (msg.type !== 'audio') return;
+    stats.micChunks++;
+    if (++this.levelTick % 2 === 0) {
+      const level = this.muted ? 0 : Math.min(1, Math.sqrt(msg.rms) * 2.2);
+      ui.level.style.width = `${Math.round(level * 100)}%`;
+    }
+    if (!this.opened || this.closed) return;
+    // Back-pressure: never queue seconds of audio behind a stalled socket.
+    if (this.ws.bufferedAmount > 1 << 20) return;
+    let b64;
+    if (this.muted) {
+      // Keep the stream going with silence so server VAD still sees turn ends.
+      if (!this.zeroChunk || this.zeroChunk.n !== msg.pcm.length) {
+        this.zeroChunk = { n: msg.pcm.length, b64: bytesToBase64(new Uint8Array(msg.pcm.length * 2)) };
+      }
+      b64 = this.zeroChunk.b64;
+    } else {
+      b64 = bytesToBase64(new Uint8Array(msg.pcm.buffer, msg.pcm.byteOffset, msg.pcm.byteLength));
+    }
+    this.send({ type: 'input_audio_buffer.append', audio: b64 });
+  }
+
+  setMuted(muted) {
+    this.muted = muted;
+    if (this.stream) this.stream.getAudioTracks().forEach((t) => { t.enabled = !muted; });
+    ui.mute.setAttribute('aria-pressed', String(muted));
+    ui.mute.textContent = muted ? 'Unmute' : 'Mute';
+    ui.status.textContent = muted ? 'Connected — microphone muted' : 'Connected — speak now';
+  }
+
+  // -------- playback
+  onPlayback(msg) {
+    if (msg.items) {
+      for (const [id, n] of Object.entries(msg.items)) {
+        const it = this.items.get(id);
+        if (it) it.played += n * this.playRatio;
+      }
+      stats.playedSamples = Math.round(msg.total * this.playRatio);
+      stats.underruns = msg.underruns;
+    }
+    if (msg.type === 'first_sound') {
+      const it = this.items.get(msg.itemId);
+      if (this.pendingStop !== null && it && !this.dropItems.has(msg.itemId)) {
+        // The sample was rendered at msg.contextTime; map it to performance.now().
+        const t = performance.now() + (msg.contextTime - this.playCtx.currentTime) * 1000;
+        showLatency(Math.max(0, t - this.pendingStop), msg.itemId);
+        this.pendingStop = null;
+      }
+      ui.activity.textContent = 'assistant speaking';
+    } else if (msg.type === 'drained') {
+      if (ui.activity.textContent === 'assistant speaking') ui.activity.textContent = '';
+    } else if (msg.type === 'flushed') {
+      const done = this.flushWaiters.get(msg.seq);
+      this.flushWaiters.delete(msg.seq);
+      if (done) done();
+    }
+  }
+
+  flushPlayback() {
+    if (!this.playNode) return Promise.resolve();
+    const seq = ++this.flushSeq;
+    return new Promise((resolve) => {
+      this.flushWaiters.set(seq, resolve);
+      this.playNode.port.postMessage({ type: 'flush', seq });
+      setTimeout(() => { if (this.flushWaiters.delete(seq)) resolve(); }, 500);
+    });
+  }
+
+  async bargeIn() {
+    // Stop whatever is playing right now and drop the rest of the interrupted answer.
+    const interrupted = [];
+    for (const [id, it] of this.items) {
+      const unfinished = !it.audioDone || it.played + 1 < it.received;
+      if (unfinished && !this.dropItems.has(id)) {
+        this.dropItems.add(id);
+        interrupted.push(id);
+      }
+    }
+    if (this.activeResponse) this.dropResponses.add(this.activeResponse);
+    await this.flushPlayback();
+    for (const id of interrupted) {
+      const it = this.items.get(id);
+      const audioEndMs = Math.floor((Math.min(it.played, it.received) * 1000) / RATE);
+      if (it.received > 0) {
+        this.send({ type: 'conversation.item.truncate', item_id: id, content_index: 0, audio_end_ms: audioEndMs });
+        stats.truncations.push({ item_id: id, audio_end_ms: audioEndMs });
+      }
+      const b = bubbles.get(id);
+      if (b) b.el.classList.add('truncated');
+    }
+    if (ui.activity.textContent === 'assistant speaking') ui.activity.textContent = '';
+  }
+
+  item(id, responseId) {
+    let it = this.items.get(id);
+    if (!it) {
+      it = { responseId, received: 0, played: 0, audioDone: false };
+      this.items.set(id, it);
+      if (this.items.size > 200) this.items.delete(this.items.keys().next().value);
+    }
+    return it;
+  }
+
+  onAudioDelta(ev) {
+    if (this.dropItems.has(ev.item_id) || this.dropResponses.has(ev.response_id)) return;
+    const it = this.item(ev.item_id, ev.response_id);
+    let pcm = base64ToFloat32(ev.delta);
+    it.received += pcm.length;
+    if (!this.playNode) return;
+    if (this.playRatio !== 1) pcm = resampleLinear(pcm, RATE, this.playCtx.sampleRate);
+    this.playNode.port.postMessage({ type: 'push', itemId: ev.item_id, samples: pcm }, [pcm.buffer]);
+  }
+
+  // -------- server events
+  onEvent(ev) {
+    stats.received[ev.type] = (stats.received[ev.type] || 0) + 1;
+    switch (ev.type) {
+      case 'session.created':
+        stats.sessionId = ev.session && ev.session.id;
+        ui.details.textContent = `Session ${stats.sessionId || ''}`.trim();
+        break;
+      case 'session.updated':
+        break;
+
+      case 'input_audio_buffer.speech_started':
+        this.pendingStop = null;
+        this.bargeIn();
+        if (ev.item_id) bubble(ev.item_id, 'user');
+        ui.activity.textContent = 'you are speaking';
+        break;
+      case 'input_audio_buffer.speech_stopped':
+        this.pendingStop = performance.now();
+        if (ev.item_id) {
+          const b = bubble(ev.item_id, 'user');
+          if (!b.text) b.textEl.textContent = 'transcribing…';
+        }
+        ui.activity.textContent = 'thinking…';
+        break;
+      case 'input_audio_buffer.committed':
+        if (ev.item_id) bubble(ev.item_id, 'user');
+        break;
+
+      case 'conversation.item.input_audio_transcription.delta': {
+        const b = bubble(ev.item_id, 'user');
+        setBubbleText(b, b.text + (ev.delta || ''));
+        break;
+      }
+      case 'conversation.item.input_audio_transcription.completed': {
+        const b = bubble(ev.item_id, 'user');
+        const text = (ev.transcript || '').trim();
+        setBubbleText(b, text, true);
+        stats.userTranscripts.push(text);
+        break;
+      }
+      case 'conversation.item.input_audio_transcription.failed': {
+        const b = bubble(ev.item_id, 'user');
+        setBubbleText(b, '', true);
+        b.textEl.textContent = `(transcription failed${ev.error && ev.error.message ? `: ${ev.error.message}` : ''})`;
+        break;
+      }
+
+      case 'response.created':
+        this.activeResponse = ev.response && ev.response.id;
+        this.noteServerLatency(ev.response);
+        break;
+      case 'response.output_item.added':
+        if (ev.item && ev.item.type === 'message' && ev.item.role === 'assistant') {
+          this.item(ev.item.id, ev.response_id);
+          if (!this.dropResponses.has(ev.response_id)) bubble(ev.item.id, 'assistant');
+        }
+        break;
+      case 'response.output_audio.delta':
+      case 'response.audio.delta':
+        this.onAudioDelta(ev);
+        break;
+      case 'response.output_audio.done':
+      case 'response.audio.done': {
+        const it = this.items.get(ev.item_id);
+        if (it) it.audioDone = true;
+        if (this.playNode) this.playNode.port.postMessage({ type: 'end', itemId: ev.item_id });
+        break;
+      }
+      case 'response.output_audio_transcript.delta':
+      case 'response.audio_transcript.delta':
+      case 'response.output_text.delta':
+      case 'response.text.delta': {
+        if (this.dropResponses.has(ev.response_id) && !bubbles.has(ev.item_id)) break;
+        const b = bubble(ev.item_id, 'assistant');
+        setBubbleText(b, b.text + (ev.delta || ''));
+        break;
+      }
+      case 'response.output_audio_transcript.done':
+      case 'response.audio_transcript.done':
+      case 'response.output_text.done':
+      case 'response.text.done': {
+        const text = ev.type.includes('transcript') ? ev.transcript : ev.text;
+        if (typeof text === 'string') {
+          stats.assistantTranscripts.push(text);
+          if (bubbles.has(ev.item_id)) setBubbleText(bubbles.get(ev.item_id), text, true);
+        }
+        break;
+      }
+      case 'response.done': {
+        const r = ev.response || {};
+        if (r.id === this.activeResponse) this.activeResponse = null;
+        for (const it of this.items.values()) if (it.responseId === r.id) it.audioDone = true;
+        this.noteServerLatency(r);
+        if (r.status === 'failed') {
+          const err = r.status_details && r.status_details.error;
+          note(`Response failed${err && err.message ? `: ${err.message}` : ''}`, true);
+        }
+        if (ui.activity.textContent === 'thinking…') ui.activity.textContent = '';
+        break;
+      }
+      case 'conversation.item.truncated': {
+        const b = bubbles.get(ev.item_id);
+        if (b) b.el.classList.add('truncated');
+        break;
+      }
+      case 'error': {
+        const err = ev.error || {};
+        stats.errors.push(err);
+        const what = [err.code || err.type, err.message].filter(Boolean).join(': ');
+        note(`Server error — ${what || 'unknown'}`, true);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  noteServerLatency(response) {
+    const v = serverLatencyFrom(response);
+    if (v !== null && response && response.id !== this.lastServerLatencyId) {
+      this.lastServerLatencyId = response.id;
+      stats.serverLatencies.push(v);
+    }
+  }
+
+  // -------- teardown
+  onClose(e) {
+    const wasOpen = this.opened;
+    stats.closeCode = e.code;
+    stats.closeReason = e.reason || '';
+    if (this.closed) return; // we closed it ourselves
+    this.failed = true;
+    this.teardown();
+    let msg;
+    if (!wasOpen) {
+      msg = `Could not connect to ${this.url.origin}${this.url.pathname} (code ${e.code}${e.reason ? `: ${e.reason}` : ''}). Is the server running, and is the token right?`;
+    } else {
+      const known = CLOSE_REASONS[e.code] || 'Connection closed';
+      msg = `${known} (code ${e.code}${e.reason ? `: ${e.reason}` : ''})`;
+    }
+    const clean = wasOpen && e.code === 1000;
+    setState(clean ? 'closed' : 'error', msg);
+    note(msg, !clean);
+    session = null;
+  }
+
+  close() {
+    if (this.closed) return;
+    this.teardown();
+    setState('closed', 'Disconnected');
+    session = null;
+  }
+
+  teardown() {
+    this.closed = true;
+    ui.details.textContent = 'Tip: use headphones so the assistant does not hear itself.';
+    // Drop "listening…" placeholders of turns that never got a transcript.
+    for (const [id, b] of bubbles) {
+      if (b.role === 'user' && !b.text) {
+        b.el.remove();
+        bubbles.delete(id);
+      }
+    }
+    if (this.ws && this.ws.readyState <= WebSocket.OPEN) {
+      try { this.ws.close(1000, 'client disconnect'); } catch (e) { /* ignore */ }
+    }
+    if (this.captureNode) {
+      this.captureNode.port.postMessage({ type: 'stop' });
+      this.captureNode.port.onmessage = null;
+      try { this.source.disconnect(); } catch (e) { /* ignore */ }
+    }
+    if (this.stream) this.stream.getTracks().forEach((t) => t.stop());
+    for (const ctx of [this.captureCtx, this.playCtx]) {
+      if (ctx && ctx.state !== 'closed') ctx.close().catch(() => {});
+    }
+    for (const done of this.flushWaiters.values()) done();
+    this.flushWaiters.clear();
+  }
+}
+
+class ClientError extends Error {}
+
+async function connect() {
+  const s = new Session(ui.token.value.trim());
+  session = s;
+  try {
+    await s.start();
+  } catch (e) {
+    if (s.failed) return; // the socket closed first; its message is already shown
+    const msg = e instanceof ClientError ? e.message : `Could not start: ${e && e.message ? e.message : e}`;
+    if (!(e instanceof ClientError)) console.error(e);
+    stats.errors.push({ type: 'client', message: msg });
+    s.teardown();
+    if (session === s) session = null;
+    setState('error', msg);
+    note(msg, true);
+  }
+}
+
+$('connect-form').addEventListener('submit', (e) => {
+  e.preventDefault();
+  if (session) session.close();
+  else connect();
+});
+ui.mute.addEventListener('click', () => {
+  if (session) session.setMuted(!session.muted);
+});
+window.addEventListener('pagehide', () => { if (session) session.close(); });
+
+// ?token=... pre-fills the token field.
+const preset = new URLSearchParams(location.search).get('token');
+if (preset) ui.token.value = preset;
+setState('idle', 'Not connected');
