@@ -152,7 +152,8 @@ class TransformersWhisperASR:
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.feature_extractor = fe
         self.tokenizer = tokenizer
-        self.max_new_tokens = max_new_tokens
+        # generate() refuses prompt + new tokens beyond the decoder's positions; leave room for the prompt
+        self.max_new_tokens = min(max_new_tokens, int(self.model.config.max_target_positions) - 8)
         gen = self.model.generation_config
         # Language/task prompts only exist for real multilingual checkpoints.
         self._lang_kwargs: dict[str, Any] = {}
