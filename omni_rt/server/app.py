@@ -145,6 +145,9 @@ async def serve_session(ws: WebSocket, runtime: Runtime, session: Any, receive, 
     close_code, reason = 1000, ""
     try:
         receiver = asyncio.create_task(receive(ws, session))
+        # the receiver may finish (client gone) in the same loop turn the sender does: retrieve its
+        # exception always, or asyncio logs "Task exception was never retrieved" for every dropped client
+        receiver.add_done_callback(lambda t: t.cancelled() or t.exception())
         done, _ = await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
         if receiver in done:
             exc = receiver.exception()

@@ -72,6 +72,7 @@ class RealtimeSession:
         self.decoder = InputDecoder(self.config.input_format, target_rate=16000)
         self.pending_user_item: str | None = None  # item id announced at speech_started / commit
         self.turn_end_at: float | None = None
+        self.commit_event_id: Any = None
         self.closed = False
         self.input_ms = 0.0
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
@@ -170,6 +171,7 @@ class RealtimeSession:
     def _commit(self, event: dict[str, Any]) -> None:
         self.pending_user_item = self.pending_user_item or new_id("item")
         self.turn_end_at = time.perf_counter()
+        self.commit_event_id = event.get("event_id")  # an empty-buffer error from the ASR stage names it
         self.runtime.coordinator.session_control(self.id, ASR_STAGE, "commit")
 
     def _clear(self, event: dict[str, Any]) -> None:
@@ -274,7 +276,9 @@ class RealtimeSession:
         elif kind == "transcript.final":
             self._on_transcript(ev)
         elif kind == "error":
-            self.send_error(ProtocolError(ev.get("code", "server_error"), ev.get("message", "ASR error")))
+            code = ev.get("code", "server_error")
+            event_id = self.commit_event_id if code == "input_audio_buffer_commit_empty" else None
+            self.send_error(ProtocolError(code, ev.get("message", "ASR error")), event_id if isinstance(event_id, str) else None)
         elif kind == "session.expired":
             self.send_error(ProtocolError("session_expired", "session idle for too long; audio state was reset", type_="server_error"))
 
