@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--api-key", default=None, help="require this bearer token (also OMNI_RT_API_KEY)")
     serve.add_argument("--max-sessions", type=int, default=None)
     serve.add_argument("--allowed-origin", action="append", default=None, dest="allowed_origins")
+    serve.add_argument("--max-message-bytes", type=int, default=None)
+    serve.add_argument("--no-speculative", action="store_false", dest="speculative_responses", default=None,
+                       help="do not start answers during the end-of-turn silence (for comparisons)")
     serve.add_argument("--log-level", default="info")
     prep = sub.add_parser("prepare", help="prepare and cache the weights a preset needs (GGUF -> safetensors)")
     prep.add_argument("--preset", default="cpu")

@@ -18,6 +18,9 @@ class Metrics:
         self.errors = Counter("omni_rt_errors_total", "Error events sent, by code", ["code"], registry=self.registry)
         self.connections = Counter("omni_rt_connections_total", "WebSocket connections, by outcome", ["surface", "outcome"],
                                    registry=self.registry)
+        self.speculative = Counter("omni_rt_speculative_responses_total",
+                                   "Answers started in the end-of-turn silence, by outcome (released/discarded)", ["outcome"],
+                                   registry=self.registry)
         self.live_state = Gauge("omni_rt_live_request_state", "Live per-request/per-session entries held by the runtime",
                                 registry=self.registry)
 

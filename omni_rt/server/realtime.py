@@ -59,6 +59,13 @@ class Response:
     audio_bytes: int = 0
     usage: dict[str, Any] = field(default_factory=dict)
     cancelled_at: float | None = None
+    # a held response was started from a speculative transcript during the end-of-turn silence; its events
+    # wait here until the turn really ends with the same transcript (then they are released) or are dropped
+    held: bool = False
+    held_events: list[dict[str, Any]] = field(default_factory=list)
+    spec_text: str = ""
+    discarded: bool = False
+    finished: bool = False
 
 
 class RealtimeSession:
@@ -69,6 +76,7 @@ class RealtimeSession:
         self.conversation = Conversation()
         self.outgoing: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.response: Response | None = None
+        self.held: Response | None = None  # answer being prepared during the end-of-turn silence
         self.decoder = InputDecoder(self.config.input_format, target_rate=16000)
         self.pending_user_item: str | None = None  # item id announced at speech_started / commit
         self.turn_end_at: float | None = None
@@ -88,6 +96,7 @@ class RealtimeSession:
         if self.closed:
             return
         self.closed = True
+        self._discard_held()
         if self.response is not None:
             self._cancel_response(reason)
         self.runtime.coordinator.close_session(self.id, ASR_STAGE)
@@ -251,6 +260,8 @@ class RealtimeSession:
             return
         kind = ev.get("type")
         td = self.config.turn_detection or {}
+        if kind in ("speech_started", "speculative.cancelled", "cleared"):
+            self._discard_held()
         if kind == "speech_started":
             self.pending_user_item = new_id("item")
             if self.response is not None and td.get("interrupt_response", True):
@@ -273,6 +284,10 @@ class RealtimeSession:
             if self.config.transcription is not None and self.pending_user_item:
                 self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": self.pending_user_item,
                            "content_index": 0, "delta": ev["text"]})
+        elif kind == "transcript.speculative":
+            text = ev.get("text", "").strip()
+            if td.get("create_response", True) and text and self.held is None and self.runtime.speculative_responses:
+                self.held = self.start_response(self.config, turn_end=None, held_user_text=text)
         elif kind == "transcript.final":
             self._on_transcript(ev)
         elif kind == "error":
@@ -297,10 +312,17 @@ class RealtimeSession:
                        "transcript": text, "usage": {"type": "duration", "seconds": round(ev.get("audio_ms", 0) / 1000, 3)}})
         self.send({"type": "conversation.item.done", "previous_item_id": self._prev_of(item.id), "item": item.render()})
         td = self.config.turn_detection
+        held, self.held = self.held, None
         if td is not None and td.get("create_response", True) and text.strip():
             if self.response is not None:
                 self._cancel_response("turn_detected")
+            if held is not None and ev.get("speculative") and held.spec_text == text.strip():
+                self._release(held)
+                return
+            self._discard(held)
             self.start_response(self.config, turn_end=self.turn_end_at)
+        else:
+            self._discard(held)
 
     def _prev_of(self, item_id: str) -> str | None:
         ids = [it.id for it in self.conversation.items]
@@ -308,23 +330,29 @@ class RealtimeSession:
         return ids[i - 1] if i > 0 else None
 
     # ---- responses -------------------------------------------------------------------------------
-    def start_response(self, cfg: SessionConfig, turn_end: float | None) -> Response:
+    def start_response(self, cfg: SessionConfig, turn_end: float | None, held_user_text: str | None = None) -> Response:
+        """Start an answer. With ``held_user_text`` it is prepared from a speculative transcript before the
+        turn has ended: nothing reaches the client or the history until ``_release``."""
         modalities = cfg.output_modalities
         content_type = "output_audio" if "audio" in modalities else "output_text"
         item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress")
         resp = Response(id=new_id("resp"), item=item, modalities=modalities, output_format=cfg.output_format,
                         turn_end=turn_end if turn_end is not None else time.perf_counter())
-        self.response = resp
         messages = self.conversation.messages(cfg.instructions)
+        if held_user_text is not None:
+            resp.held, resp.spec_text = True, held_user_text
+            messages.append({"role": "user", "content": held_user_text})
+        else:
+            self.response = resp
         max_tokens = self.runtime.max_response_tokens if cfg.max_output_tokens == "inf" else min(int(cfg.max_output_tokens), self.runtime.max_response_tokens)
         payload = {"messages": messages, "session_id": self.id, "max_tokens": max_tokens}
-        self.send({"type": "response.created", "response": self._render_response(resp)})
-        prev = self.conversation.add(item)
-        self.send({"type": "response.output_item.added", "response_id": resp.id, "output_index": 0, "item": item.render()})
-        self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
+        self._emit(resp, {"type": "response.created", "response": self._render_response(resp)})
+        prev = None if resp.held else self.conversation.add(item)  # a held answer joins the history on release
+        self._emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": 0, "item": item.render()})
+        self._emit(resp, {"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
         part = {"type": "audio", "transcript": ""} if content_type == "output_audio" else {"type": "text", "text": ""}
-        self.send({"type": "response.content_part.added", "response_id": resp.id, "item_id": item.id, "output_index": 0,
-                   "content_index": 0, "part": part})
+        self._emit(resp, {"type": "response.content_part.added", "response_id": resp.id, "item_id": item.id, "output_index": 0,
+                          "content_index": 0, "part": part})
         resp.task = asyncio.create_task(self._run_response(resp, payload, content_type), name=f"response-{resp.id}")
         return resp
 
@@ -346,7 +374,7 @@ class RealtimeSession:
                                     m.stage_latency.labels(stage="thinker_first_token").observe(time.perf_counter() - resp.started)
                                 resp.text += delta
                                 kind = "response.output_audio_transcript.delta" if speak else "response.output_text.delta"
-                                self.send({"type": kind, "response_id": resp.id, "item_id": resp.item.id, "output_index": 0,
+                                self._emit(resp, {"type": kind, "response_id": resp.id, "item_id": resp.item.id, "output_index": 0,
                                            "content_index": 0, "delta": delta})
                         elif out.stage == "talker" and speak:
                             resp.item.clause_ms.append((int(clause_start_ms), out.data.get("text", "")))
@@ -367,7 +395,7 @@ class RealtimeSession:
             if resp.status == "in_progress":
                 resp.status, resp.status_reason = "failed", exc.code
                 m.errors.labels(code=exc.code).inc()
-                self.send(error_event(exc.code, f"response failed in stage '{exc.stage}': {exc}", type_="server_error"))
+                self._emit(resp, error_event(exc.code, f"response failed in stage '{exc.stage}': {exc}", type_="server_error"))
         except asyncio.CancelledError:
             if resp.status == "in_progress":
                 resp.status, resp.status_reason = "cancelled", "client_cancelled"
@@ -377,17 +405,60 @@ class RealtimeSession:
     def _send_audio(self, resp: Response, data: bytes, samples: int) -> None:
         if not data:
             return
-        now = time.perf_counter()
-        if resp.first_audio is None:
-            resp.first_audio = now
-            if resp.turn_end is not None:
-                ttfa = now - resp.turn_end
-                self.runtime.metrics.ttfa.observe(ttfa)
-                self.log.info("response %s first audio %.0f ms after end of turn", resp.id, ttfa * 1000)
+        if resp.first_audio is None and not resp.held:
+            self._first_audio(resp)
         resp.audio_bytes += len(data)
         resp.item.audio_ms += int(samples * 1000 / 24000) if samples else 0
-        self.send({"type": "response.output_audio.delta", "response_id": resp.id, "item_id": resp.item.id, "output_index": 0,
+        self._emit(resp, {"type": "response.output_audio.delta", "response_id": resp.id, "item_id": resp.item.id, "output_index": 0,
                    "content_index": 0, "delta": base64.b64encode(data).decode("ascii")})
+
+    def _first_audio(self, resp: Response) -> None:
+        now = time.perf_counter()
+        resp.first_audio = now
+        if resp.turn_end is not None:
+            ttfa = now - resp.turn_end
+            self.runtime.metrics.ttfa.observe(ttfa)
+            self.log.info("response %s first audio %.0f ms after end of turn", resp.id, ttfa * 1000)
+
+    def _emit(self, resp: Response, event: dict[str, Any]) -> None:
+        """Send a response's event, or keep it while the response is held."""
+        if resp.discarded:
+            return
+        if resp.held:
+            resp.held_events.append(event)
+        else:
+            self.send(event)
+
+    def _release(self, resp: Response) -> None:
+        """The turn ended as speculated: the held answer joins the history and its events go out now."""
+        resp.held = False
+        resp.turn_end = self.turn_end_at if self.turn_end_at is not None else time.perf_counter()
+        prev = self.conversation.add(resp.item)
+        if not resp.finished:
+            self.response = resp
+        for ev in resp.held_events:
+            if ev["type"] in ("conversation.item.added", "conversation.item.done"):
+                ev["previous_item_id"] = prev
+            if ev["type"] == "response.output_audio.delta" and resp.first_audio is None:
+                self._first_audio(resp)
+            self.send(ev)
+        resp.held_events.clear()
+        self.runtime.metrics.speculative.labels(outcome="released").inc()
+
+    def _discard(self, resp: Response | None) -> None:
+        """Drop a held answer without a trace on the wire (the user kept talking, or said something else)."""
+        if resp is None:
+            return
+        resp.discarded = True
+        resp.held_events.clear()
+        if resp.status == "in_progress":
+            resp.status, resp.status_reason = "cancelled", "turn_detected"
+        self.runtime.coordinator.abort(resp.id)
+        self.runtime.metrics.speculative.labels(outcome="discarded").inc()
+
+    def _discard_held(self) -> None:
+        held, self.held = self.held, None
+        self._discard(held)
 
     def _cancel_response(self, reason: str) -> None:
         resp = self.response
@@ -410,8 +481,11 @@ class RealtimeSession:
             self.outgoing.put_nowait(ev)
 
     def _finish_response(self, resp: Response, content_type: str) -> None:
+        resp.finished = True
         if self.response is resp:
             self.response = None
+        if resp.discarded:
+            return
         if resp.status == "in_progress":
             resp.status = "failed"
         item = resp.item
@@ -424,18 +498,19 @@ class RealtimeSession:
         if self.closed:
             return
         base = {"response_id": resp.id, "item_id": item.id, "output_index": 0, "content_index": 0}
+        send = lambda event: self._emit(resp, event)  # noqa: E731 - held answers keep their done events too
         if content_type == "output_audio":
-            self.send({"type": "response.output_audio.done", **base})
-            self.send({"type": "response.output_audio_transcript.done", **base, "transcript": resp.text})
+            send({"type": "response.output_audio.done", **base})
+            send({"type": "response.output_audio_transcript.done", **base, "transcript": resp.text})
             part = {"type": "audio", "transcript": resp.text}
         else:
-            self.send({"type": "response.output_text.done", **base, "text": resp.text})
+            send({"type": "response.output_text.done", **base, "text": resp.text})
             part = {"type": "text", "text": resp.text}
-        self.send({"type": "response.content_part.done", **base, "part": part})
-        self.send({"type": "response.output_item.done", "response_id": resp.id, "output_index": 0, "item": item.render()})
-        self.send({"type": "conversation.item.done", "previous_item_id": self._prev_of(item.id) if item in self.conversation.items else None,
+        send({"type": "response.content_part.done", **base, "part": part})
+        send({"type": "response.output_item.done", "response_id": resp.id, "output_index": 0, "item": item.render()})
+        send({"type": "conversation.item.done", "previous_item_id": self._prev_of(item.id) if item in self.conversation.items else None,
                    "item": item.render()})
-        self.send({"type": "response.done", "response": self._render_response(resp)})
+        send({"type": "response.done", "response": self._render_response(resp)})
 
     def _render_response(self, resp: Response) -> dict[str, Any]:
         out: dict[str, Any] = {

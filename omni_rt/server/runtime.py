@@ -24,6 +24,7 @@ class Runtime:
         self.metrics = Metrics()
         self.model_name = f"omni-rt-{self.config.name}"
         self.max_response_tokens = settings.max_response_tokens
+        self.speculative_responses = settings.speculative_responses
         self.coordinator: Coordinator | None = None  # type: ignore[assignment]
         self.sessions: set[Any] = set()
 

@@ -19,4 +19,6 @@ class ServerSettings(BaseSettings):
     idle_timeout_s: float = Field(300.0, gt=0, description="close a session with no client message for this long")
     max_buffered_audio_s: float = Field(120.0, gt=0, description="cap on uncommitted input audio per session")
     max_response_tokens: int = Field(96, ge=1, le=4096, description="cap on tokens per spoken answer")
+    speculative_responses: bool = Field(True, description="start answering from the transcript decoded in the "
+                                        "end-of-turn silence; release it when the turn ends as guessed")
     shutdown_grace_s: float = Field(5.0, ge=0, description="time open answers get to finish at shutdown")

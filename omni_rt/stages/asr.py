@@ -187,13 +187,17 @@ class AsrSessionScheduler(SessionScheduler):
         if silence_ms >= self.speculative_after_ms:
             if st.speculative is None:
                 t0 = time.perf_counter()
-                text = self.transcriber.transcribe(self._turn_audio(st))
+                text = self.transcriber.transcribe(self._turn_audio(st)).strip()
                 st.speculative = (st.samples, text)
                 st.last_partial_samples = st.samples
-                self.stats.setdefault("speculative_ms", []).append((time.perf_counter() - t0) * 1000)
+                asr_ms = round((time.perf_counter() - t0) * 1000, 1)
+                # lets the session start answering in the silence; the answer is held until the turn ends
+                self.emit(session.session_id, "event", {"type": "transcript.speculative", "turn": st.turn + 1, "text": text,
+                                                        "asr_ms": asr_ms})
             return
-        if st.speculative is not None:  # speech resumed: that guess is stale
+        if st.speculative is not None:  # speech resumed: that guess (and anything started from it) is stale
             st.speculative = None
+            self.emit(session.session_id, "event", {"type": "speculative.cancelled", "turn": st.turn + 1})
         if st.partials and st.samples - st.last_partial_samples >= self.partial_interval_samples and self.inbox.empty():
             st.last_partial_samples = st.samples
             text = self.transcriber.transcribe(self._turn_audio(st))
