@@ -17,6 +17,7 @@ or without lookahead: the step inputs are the same tokens either way.
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from collections import deque
@@ -31,6 +32,8 @@ from omni_rt.engine.request import parse_request
 from omni_rt.engine.sampling import make_generator
 from omni_rt.engine.sequence import Sequence
 from omni_rt.engine.torch_engine import TorchEngine
+
+log = logging.getLogger(__name__)
 
 
 class ARScheduler(ThreadedScheduler):
@@ -48,6 +51,7 @@ class ARScheduler(ThreadedScheduler):
         super().__init__()
         self.name = name
         self.engine = engine
+        engine.reset()
         self.tokenizer = tokenizer
         self.async_decode = async_decode
         self.prefix_reuse = prefix_reuse
@@ -71,31 +75,46 @@ class ARScheduler(ThreadedScheduler):
         pending: tuple[list[Sequence], list[int]] | None = None  # a step whose host work has not run yet
         try:
             while self.running:
-                self._drain_inbox(block=not self._rows and not self._waiting)
-                if not self.running:
-                    break
-                self._reap()
-                self._admit()
-                self._reap()  # requests that finished on their first token
-                if not self._rows:
-                    pending = None  # every row of it has finished: nothing left to publish
-                    continue
-                rows = list(self._rows)
-                if pool is None:
-                    tokens = self._run_step(rows)
-                    if tokens is not None:
-                        self._host_work(rows, tokens)
-                    continue
-                future = pool.submit(self._decode, rows)
-                if pending is not None:
-                    self._host_work(*pending)
-                pending = None
-                tokens = self._run_step(rows, future)
-                if tokens is not None:
-                    pending = (rows, tokens)
+                try:
+                    pending = self._iteration(pool, pending)
+                except Exception as exc:  # a bug must not wedge the stage: fail what is in hand, keep serving
+                    log.exception("%s: scheduler iteration failed", self.name)
+                    pending = None
+                    self._fail_all(exc)
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
+            self._fail_all("scheduler stopped before the request finished", code="shutdown")
+
+    def _iteration(self, pool: ThreadPoolExecutor | None, pending):
+        self._drain_inbox(block=not self._rows and not self._waiting)
+        if not self.running:
+            return None
+        self._reap()
+        self._admit()
+        self._reap()  # requests that finished on their first token
+        if not self._rows:
+            return None  # every row of a pending step has finished: nothing left to publish
+        rows = list(self._rows)
+        if pool is None:
+            tokens = self._run_step(rows)
+            if tokens is not None:
+                self._host_work(rows, tokens)
+            return None
+        future = pool.submit(self._decode, rows)  # step N+1 runs while ...
+        if pending is not None:
+            self._host_work(*pending)  # ... the host work of step N happens here
+        tokens = self._run_step(rows, future)
+        return (rows, tokens) if tokens is not None else None
+
+    def _fail_all(self, exc: BaseException | str, code: str = "internal_error") -> None:
+        for rid, seq in list(self._live.items()):
+            if not seq.finished:
+                self.emit_error(rid, exc, code=code)
+        self._live.clear()
+        self._waiting.clear()
+        self._rows = []
+        self.engine.reset()
 
     def _decode(self, rows: list[Sequence]) -> list[int]:
         t0 = time.perf_counter()
@@ -153,7 +172,9 @@ class ARScheduler(ThreadedScheduler):
                 del self._live[rid]
             self.emit(rid, "result", seq.result())  # a running one frees its slot at the next reap
         else:
-            self.emit_error(rid, f"{msg.type} is not accepted: send the whole prompt as new_request", code="unsupported")
+            self.emit_error(
+                rid, f"{msg.type} is not accepted: send the whole prompt as new_request", code="unsupported"
+            )
 
     def _make_sequence(self, rid: str, data: Any) -> Sequence:
         req = parse_request(data, self.default_max_tokens)
@@ -175,7 +196,9 @@ class ARScheduler(ThreadedScheduler):
         req.max_tokens = min(req.max_tokens, room)
         stop_ids = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else self.eos_token_ids)
         text = TextStream(tok, req.stop) if tok is not None and req.output == "text" else None
-        return Sequence(rid, req, prompt_ids, stop_ids, text, generator=make_generator(req.sampling, self.engine.device))
+        return Sequence(
+            rid, req, prompt_ids, stop_ids, text, generator=make_generator(req.sampling, self.engine.device)
+        )
 
     # ------------------------------------------------------------------ slots
     def _admit(self) -> None:

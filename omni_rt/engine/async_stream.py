@@ -72,13 +72,17 @@ class AsyncStreamScheduler(ThreadedScheduler):
                         continue
                     fut = asyncio.run_coroutine_threadsafe(self._serve(rid, msg.data), loop)
                     self._tasks[rid] = fut
-                    fut.add_done_callback(lambda f, rid=rid: self._tasks.pop(rid, None) if self._tasks.get(rid) is f else None)
+                    fut.add_done_callback(
+                        lambda f, rid=rid: self._tasks.pop(rid, None) if self._tasks.get(rid) is f else None
+                    )
                 elif msg.type == "abort":
                     fut = self._tasks.get(rid)
                     if fut is not None:
                         fut.cancel()  # cancels the task inside the loop, closing its stream
                 else:
-                    self.emit_error(rid, f"{msg.type} is not accepted: send the whole prompt as new_request", code="unsupported")
+                    self.emit_error(
+                        rid, f"{msg.type} is not accepted: send the whole prompt as new_request", code="unsupported"
+                    )
         finally:
             for fut in list(self._tasks.values()):
                 fut.cancel()

@@ -59,7 +59,11 @@ def create_ar_scheduler(
 
         path = resolve_model(model)
         engine = TorchEngine(
-            load_model(path, dtype, device), max_batch_size=max_batch_size, max_seq_len=max_seq_len, cuda_graphs=cuda_graphs
+            load_model(path, dtype, device),
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
+            cuda_graphs=cuda_graphs,
+            **backend_kwargs,  # e.g. static_kv
         )
         tok_path = tokenizer or path
         tok = load_tokenizer(tok_path) if tokenizer or (Path(path) / "tokenizer_config.json").exists() else None
@@ -89,7 +93,5 @@ def create_ar_scheduler(
     if backend == "sglang":
         from omni_rt.engine.sglang_engine import SGLangScheduler
 
-        return SGLangScheduler(
-            model, name=name, default_max_tokens=default_max_tokens, dtype=dtype, **backend_kwargs
-        )
+        return SGLangScheduler(model, name=name, default_max_tokens=default_max_tokens, dtype=dtype, **backend_kwargs)
     raise ValueError(f"unknown backend {backend!r}; use 'torch', 'remote' or 'sglang'")

@@ -122,7 +122,16 @@ def create_app(scheduler: Any, *, model_name: str = "omni-rt") -> FastAPI:
     def error_response(msg: OutgoingMessage) -> JSONResponse:
         code = msg.metadata.get("code", "server_error")
         status = 400 if code == "bad_request" else 500
-        return JSONResponse({"error": {"message": msg.data, "type": "invalid_request_error" if status == 400 else "server_error", "code": code}}, status)
+        return JSONResponse(
+            {
+                "error": {
+                    "message": msg.data,
+                    "type": "invalid_request_error" if status == 400 else "server_error",
+                    "code": code,
+                }
+            },
+            status,
+        )
 
     def usage(res: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -164,8 +173,14 @@ def create_app(scheduler: Any, *, model_name: str = "omni-rt") -> FastAPI:
             if msg.type == "error":
                 return error_response(msg)
             res = msg.data
-            return {"id": rid, "object": obj, "created": created, "model": model_name,
-                    "choices": [choice(res["text"], res["token_ids"], res["finish_reason"], False)], "usage": usage(res)}
+            return {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model_name,
+                "choices": [choice(res["text"], res["token_ids"], res["finish_reason"], False)],
+                "usage": usage(res),
+            }
 
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         chunk_obj = obj + ".chunk" if chat else obj
@@ -174,7 +189,9 @@ def create_app(scheduler: Any, *, model_name: str = "omni-rt") -> FastAPI:
             return f"data: {json.dumps(payload)}\n\n"
 
         def chunk(choices: list, **extra: Any) -> str:
-            return sse({"id": rid, "object": chunk_obj, "created": created, "model": model_name, "choices": choices, **extra})
+            return sse(
+                {"id": rid, "object": chunk_obj, "created": created, "model": model_name, "choices": choices, **extra}
+            )
 
         async def events() -> AsyncIterator[str]:
             try:
@@ -190,7 +207,9 @@ def create_app(scheduler: Any, *, model_name: str = "omni-rt") -> FastAPI:
                             yield chunk([], usage=usage(msg.data))
                         break
                     elif msg.type == "error":
-                        yield sse({"error": {"message": msg.data, "type": "server_error", "code": msg.metadata.get("code")}})
+                        yield sse(
+                            {"error": {"message": msg.data, "type": "server_error", "code": msg.metadata.get("code")}}
+                        )
                         break
                     msg = await stream.__anext__()
                 yield "data: [DONE]\n\n"

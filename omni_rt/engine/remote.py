@@ -124,7 +124,9 @@ class RemoteScheduler(AsyncStreamScheduler):
                         detail = (await resp.aread()).decode(errors="replace")[:500]
                         if resp.status_code >= 500 or resp.status_code == 429:
                             raise _RetryableStatus(f"HTTP {resp.status_code}: {detail}")
-                        raise UpstreamError(f"{url} answered HTTP {resp.status_code}: {detail}", code="upstream_http_error")
+                        raise UpstreamError(
+                            f"{url} answered HTTP {resp.status_code}: {detail}", code="upstream_http_error"
+                        )
                     async for line in resp.aiter_lines():
                         if not line.startswith("data:"):
                             continue
@@ -137,12 +139,16 @@ class RemoteScheduler(AsyncStreamScheduler):
                     return
             except httpx.ReadTimeout as exc:
                 if started or attempt == self.retries:
-                    raise UpstreamError(f"{url} stalled: no data for {self._timeout.read:.0f} s", code="upstream_timeout") from exc
+                    raise UpstreamError(
+                        f"{url} stalled: no data for {self._timeout.read:.0f} s", code="upstream_timeout"
+                    ) from exc
             except (*_RETRYABLE, _RetryableStatus) as exc:
                 if started:
                     raise UpstreamError(f"stream from {url} broke mid-answer ({type(exc).__name__}: {exc})") from exc
                 if attempt == self.retries and isinstance(exc, _RetryableStatus):
-                    raise UpstreamError(f"{url} answered {exc} ({attempt + 1} attempts)", code="upstream_http_error") from exc
+                    raise UpstreamError(
+                        f"{url} answered {exc} ({attempt + 1} attempts)", code="upstream_http_error"
+                    ) from exc
                 if attempt == self.retries:
                     raise UpstreamError(
                         f"cannot reach {url} after {attempt + 1} attempts ({type(exc).__name__}: {exc}); "

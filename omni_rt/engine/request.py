@@ -46,7 +46,11 @@ def _num(data: dict, key: str, kind: type, default: Any, lo: float | None = None
     value = data.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (kind is int and not float(value).is_integer())
+    ):
         raise ValueError(f"'{key}' must be a {kind.__name__}, got {value!r}")
     value = kind(value)
     if (lo is not None and value < lo) or (hi is not None and value > hi):

@@ -19,7 +19,13 @@ log = logging.getLogger(__name__)
 
 class SGLangScheduler(AsyncStreamScheduler):
     def __init__(
-        self, model_path: str, *, name: str = "sglang", default_max_tokens: int = 256, dtype: str = "auto", **engine_kwargs: Any
+        self,
+        model_path: str,
+        *,
+        name: str = "sglang",
+        default_max_tokens: int = 256,
+        dtype: str = "auto",
+        **engine_kwargs: Any,
     ) -> None:
         try:
             import sglang
@@ -55,7 +61,9 @@ class SGLangScheduler(AsyncStreamScheduler):
             params["sampling_seed"] = s.seed
         kwargs: dict[str, Any] = {"sampling_params": params, "stream": True, "rid": request_id}
         if req.messages is not None:
-            kwargs["prompt"] = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=False)
+            kwargs["prompt"] = self.tokenizer.apply_chat_template(
+                req.messages, add_generation_prompt=True, tokenize=False
+            )
         else:
             kwargs["input_ids"] = req.prompt_ids
         text, n_ids, done = "", 0, False
@@ -63,7 +71,7 @@ class SGLangScheduler(AsyncStreamScheduler):
             async for out in await self.engine.async_generate(**kwargs):
                 # SGLang streams cumulative text/ids unless incremental output is enabled: handle both
                 new_text = out.get("text", "")
-                delta = new_text[len(text):] if new_text.startswith(text) else new_text
+                delta = new_text[len(text) :] if new_text.startswith(text) else new_text
                 text = new_text if new_text.startswith(text) else text + new_text
                 ids = out.get("output_ids") or []
                 new_ids = ids[n_ids:] if len(ids) >= n_ids else ids

@@ -15,7 +15,9 @@ import torch
 from omni_rt.core.messages import IncomingMessage
 
 
-def build_tiny_model(arch: str, out_dir: str | Path, *, vocab_size: int = 256, seed: int = 0, tokenizer: Any = None) -> Path:
+def build_tiny_model(
+    arch: str, out_dir: str | Path, *, vocab_size: int = 256, seed: int = 0, tokenizer: Any = None
+) -> Path:
     """Save a 2-layer, hidden-64 ``llama`` or ``qwen2`` with random weights (GQA: 4 query / 2 KV heads).
 
     ``initializer_range`` is large so greedy outputs vary from step to step instead of repeating one token.
@@ -41,7 +43,9 @@ def build_tiny_model(arch: str, out_dir: str | Path, *, vocab_size: int = 256, s
         "qwen2": (Qwen2ForCausalLM, Qwen2Config),
     }[arch]
     if tokenizer is not None:
-        common.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+        common.update(
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id
+        )
     torch.manual_seed(seed)
     model = cls(cfg(**common))
     out = Path(out_dir)

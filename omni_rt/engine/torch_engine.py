@@ -51,7 +51,11 @@ class TorchEngine:
         max_batch_size: int = 8,
         max_seq_len: int | None = None,
         cuda_graphs: bool = True,
+        static_kv: bool | None = None,
     ) -> None:
+        """``static_kv`` (default: on GPU) preallocates ``max_seq_len`` and decodes fixed shapes — batch padded to
+        a bucket, attention over the whole buffer — which is what CUDA graphs replay. It runs eagerly on CPU too,
+        so tests check that path's correctness without a GPU."""
         self.model = model.eval()
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         param = next(model.parameters())
@@ -69,13 +73,14 @@ class TorchEngine:
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
         on_gpu = self.device.type == "cuda"
+        self.static_kv = on_gpu if static_kv is None else static_kv
         heads = cfg.num_attention_heads
         self.kv = SlotKVCache(
             num_layers=cfg.num_hidden_layers,
             num_slots=max_batch_size,
             num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
             head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-            capacity=self.max_seq_len if on_gpu else min(_CPU_INITIAL_CAPACITY, self.max_seq_len),
+            capacity=self.max_seq_len if self.static_kv else min(_CPU_INITIAL_CAPACITY, self.max_seq_len),
             max_capacity=self.max_seq_len,
             dtype=self.dtype,
             device=self.device,
@@ -87,7 +92,7 @@ class TorchEngine:
         self._arange = torch.arange(self.max_seq_len, device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._graph_logits: dict[int, torch.Tensor] = {}
-        if on_gpu and cuda_graphs:
+        if self.static_kv and on_gpu and cuda_graphs:
             self._capture_graphs()
 
     # ---------------------------------------------------------------- forward
@@ -174,12 +179,15 @@ class TorchEngine:
         self, n: int, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
     ) -> list[int]:
         """One decode step for slots ``0..n-1``: feed each slot's last token, sample the next one."""
-        view_len = max(self.lengths[:n]) + 1
-        bucket = next((b for b in sorted(self.graphs) if b >= n), None)
-        if bucket is not None:
-            self.graphs[bucket].replay()
-            logits = self._graph_logits[bucket][:n]
+        if self.static_kv:
+            bucket = next(b for b in self._buckets() if b >= n)
+            if bucket in self.graphs:
+                self.graphs[bucket].replay()
+                logits = self._graph_logits[bucket][:n]
+            else:
+                logits = self._decode_forward(bucket, self.kv.capacity)[:n]
         else:
+            view_len = max(self.lengths[:n]) + 1
             self.kv.ensure_capacity(view_len)
             logits = self._decode_forward(n, view_len)
         tok = sample(logits, params, generators)
@@ -198,6 +206,11 @@ class TorchEngine:
         self.pos[dst] = self.pos[src]
         self.lengths[dst] = self.lengths[src]
         self.release(src)
+
+    def reset(self) -> None:
+        """Forget every slot (a new scheduler taking over this engine)."""
+        for slot in range(self.max_batch_size):
+            self.release(slot)
 
     def release(self, slot: int) -> None:
         self.lengths[slot] = 0
