@@ -164,7 +164,11 @@ class ARScheduler(ThreadedScheduler):
             self._waiting.append(seq)
         elif msg.type == "abort":
             seq = self._live.get(rid)
-            if seq is None or seq.finished:
+            if seq is None:
+                # a closed session is aborted by its id: forget the KV kept for its next turn
+                self.prefix_store.drop(rid)
+                return
+            if seq.finished:
                 return
             seq.finish_reason = "abort"
             if seq in self._waiting:
