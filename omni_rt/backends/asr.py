@@ -20,6 +20,11 @@ import numpy as np
 
 SAMPLE_RATE = 16000
 _MAX_SAMPLES = 30 * SAMPLE_RATE
+_MIN_SAMPLES = SAMPLE_RATE // 10  # 100 ms: shorter input cannot hold a word
+
+
+def _has_word(text: str) -> bool:
+    return any(ch.isalnum() for ch in text)
 
 
 def default_whisper_dir() -> Path:
@@ -106,14 +111,16 @@ class FasterWhisperASR:
             return_no_speech_prob=True,
         )
         texts: list[str] = []
-        for r in results:
+        for audio, r in zip(audios, results, strict=True):
             tokens = [t for t in r.sequences_ids[0] if t < self.tokenizer.eot]
             avg_logprob = r.scores[0] * len(r.sequences_ids[0]) / (len(r.sequences_ids[0]) + 1)
-            # Whisper's own silence rule: likely no speech and low confidence -> nothing was said.
-            if r.no_speech_prob > self.no_speech_threshold and avg_logprob < self.log_prob_threshold:
-                texts.append("")
-            else:
-                texts.append(self.tokenizer.decode(tokens).strip())
+            text = self.tokenizer.decode(tokens).strip()
+            # Whisper's own silence rule (likely no speech and low confidence), plus two cheap guards
+            # against its hallucinations on (near-)empty input: too short to hold a word, or no letters.
+            silent = r.no_speech_prob > self.no_speech_threshold and avg_logprob < self.log_prob_threshold
+            if silent or np.asarray(audio).size < _MIN_SAMPLES or not _has_word(text):
+                text = ""
+            texts.append(text)
         return texts
 
 
@@ -212,4 +219,6 @@ class TransformersWhisperASR:
         seqs = seqs.tolist()
         if self.tokenizer is None:
             return [" ".join(str(t) for t in s) for s in seqs]
-        return [t.strip() for t in self.tokenizer.batch_decode(seqs, skip_special_tokens=True)]
+        texts = [t.strip() for t in self.tokenizer.batch_decode(seqs, skip_special_tokens=True)]
+        keep = [np.asarray(a).size >= _MIN_SAMPLES and _has_word(t) for a, t in zip(audios, texts, strict=True)]
+        return [t if k else "" for t, k in zip(texts, keep, strict=True)]

@@ -4,13 +4,13 @@ SNAC's 24 kHz model has 3 codebooks at 12, 23 and 47 Hz; one coarse step ("frame
 (85 ms) and Orpheus serializes it as 7 tokens: [c0, c1a, c2a, c2b, c1b, c2c, c2d], token id =
 128266 + code + 4096 * position_in_frame.
 
-The decoder is convolutional (no attention in the 24 kHz model), so audio for a frame depends only on a
-few neighbouring frames. `SnacStreamingDecoder` decodes a window of `context_frames` already-emitted
-frames + new frames + `lookahead_frames` future frames, and emits only the middle, which then equals a
-one-shot decode of the whole sequence: no seams. SNAC's decoder also injects Gaussian noise
-(`NoiseBlock`); drawn freshly per call that noise would differ between overlapping windows, so this
-module draws it from a fixed table indexed by absolute sample position (`decode_codes`), making decoding
-deterministic and window-invariant. Weights are never fetched here: `load_snac` reads a local directory.
+The decoder is convolutional (no attention in the 24 kHz model), so a frame's codes reach only ~2.3
+frames of audio either side (`receptive_field`). `SnacStreamingDecoder` decodes a window holding the
+frames that reach the not-yet-emitted audio and emits only the part no future frame can change, so the
+concatenated stream equals a one-shot decode of the whole sequence: no seams. SNAC's decoder also injects
+Gaussian noise (`NoiseBlock`); drawn freshly per call that noise would differ between overlapping windows,
+so this module draws it from a fixed table indexed by absolute sample position (`decode_codes`), making
+decoding deterministic and window-invariant. Weights are never fetched here: `load_snac` reads a local directory.
 """
 
 from __future__ import annotations
@@ -45,12 +45,25 @@ _ORPHEUS_LAYOUT = ((0, 0), (1, 0), (2, 0), (2, 1), (1, 1), (2, 2), (2, 3))
 _NOISE_PERIOD_LATENTS = 2048  # noise table period: 2048 * 512 samples ≈ 44 s at 24 kHz
 
 
+def fuse_weight_norm(model: torch.nn.Module) -> torch.nn.Module:
+    """Bake SNAC's weight-norm parametrizations into plain weights (same outputs, no per-call re-norm).
+
+    Inference only; do it after loading a state dict (the checkpoint stores the parametrized form).
+    """
+    from torch.nn.utils import parametrize
+
+    for module in model.modules():
+        if parametrize.is_parametrized(module, "weight"):
+            parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+    return model
+
+
 def build_random_snac(seed: int = 0, config: dict[str, Any] | None = None) -> torch.nn.Module:
     """Random-init SNAC with the 24 kHz architecture (for tests and GPU shape benchmarks), in eval mode."""
     from snac import SNAC
 
     torch.manual_seed(seed)
-    return SNAC(**(config or SNAC_24KHZ_CONFIG)).eval()
+    return fuse_weight_norm(SNAC(**(config or SNAC_24KHZ_CONFIG)).eval())
 
 
 def load_snac(path: str | Path, device: str = "cpu") -> torch.nn.Module:
@@ -68,7 +81,7 @@ def load_snac(path: str | Path, device: str = "cpu") -> torch.nn.Module:
     with open(cfg, encoding="utf-8") as f:
         model = SNAC(**json.load(f))
     model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-    return model.to(device).eval()
+    return fuse_weight_norm(model).to(device).eval()
 
 
 def samples_per_frame(model: torch.nn.Module) -> int:
@@ -79,7 +92,9 @@ def samples_per_frame(model: torch.nn.Module) -> int:
 # ---------------------------------------------------------------- Orpheus token <-> frame mapping
 
 
-def orpheus_tokens_to_frames(token_ids: Sequence[int] | np.ndarray, code_offset: int = ORPHEUS_CODE_OFFSET) -> np.ndarray:
+def orpheus_tokens_to_frames(
+    token_ids: Sequence[int] | np.ndarray, code_offset: int = ORPHEUS_CODE_OFFSET
+) -> np.ndarray:
     """Orpheus audio token ids (a multiple of 7, frame-aligned) -> int64 codes [n_frames, 7]."""
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     if ids.size % CODES_PER_FRAME:
@@ -117,8 +132,11 @@ def codes_to_frames(c0: np.ndarray, c1: np.ndarray, c2: np.ndarray) -> np.ndarra
 
 def _frame_to_row(frame: Any) -> np.ndarray:
     """One frame given as 7 Orpheus-ordered codes or as a (c0[1], c1[2], c2[4]) tuple -> [7] codes."""
-    if isinstance(frame, (tuple, list)) and len(frame) == 3:
-        return codes_to_frames(*(torch.as_tensor(c).cpu().numpy() for c in frame))[0]
+    if isinstance(frame, (tuple, list)) and len(frame) == 3 and all(np.ndim(c) >= 1 for c in frame):
+        levels = [torch.as_tensor(c).reshape(-1).cpu().numpy() for c in frame]
+        if [c.size for c in levels] != [1, 2, 4]:
+            raise ValueError(f"a (c0, c1, c2) frame has 1, 2 and 4 codes; got {[c.size for c in levels]}")
+        return codes_to_frames(*levels)[0]
     row = np.asarray(torch.as_tensor(frame).cpu().numpy() if torch.is_tensor(frame) else frame, dtype=np.int64)
     if row.shape != (CODES_PER_FRAME,):
         raise ValueError(f"a frame is 7 codes or a (c0, c1, c2) tuple of 1, 2 and 4 codes; got shape {row.shape}")
@@ -176,83 +194,148 @@ def decode_codes(
     return x
 
 
-def decode_frames(model: torch.nn.Module, frames: np.ndarray, device: str | torch.device = "cpu", noise_seed: int = 0) -> np.ndarray:
+def decode_frames(
+    model: torch.nn.Module, frames: np.ndarray, device: str | torch.device = "cpu", noise_seed: int = 0
+) -> np.ndarray:
     """One-shot decode of Orpheus-ordered frames [n, 7] -> float32 audio [n * 2048]."""
     codes = [torch.as_tensor(c, device=device)[None, :] for c in frames_to_codes(frames)]
     return decode_codes(model, codes, 0, noise_seed)[0, 0].float().cpu().numpy()
 
 
+_receptive_cache: dict[tuple, tuple[int, int]] = {}
+
+
+def receptive_field(model: torch.nn.Module) -> tuple[int, int]:
+    """(back, forward) reach in output samples of one frame's codes: frame k can change samples in
+    [k * spf - back, (k + 1) * spf + forward) and no others.
+
+    Exact structural bound, computed by propagating the support of one frame's latents through a narrow
+    clone of the decoder whose weights are all 1 and biases 0 (snake, tanh and sums keep zero at zero and
+    positive values positive; noise is switched off), so nothing can cancel. Widths do not change the
+    reach, so the clone is cheap; cached per architecture. 24 kHz model: 4757 samples (~2.3 frames) each way.
+    """
+    from snac import SNAC
+    from snac.layers import NoiseBlock
+
+    if model.attn_window_size is not None:
+        raise ValueError("receptive_field supports convolution-only SNAC decoders; pass margins explicitly")
+    arch = (tuple(model.decoder_rates), tuple(model.vq_strides), int(model.hop_length))
+    cached = _receptive_cache.get(arch)
+    if cached is not None:
+        return cached
+    n_up = len(model.decoder_rates)
+    probe = SNAC(
+        sampling_rate=int(model.sampling_rate), encoder_dim=1, encoder_rates=list(model.encoder_rates),
+        decoder_dim=2**n_up, decoder_rates=list(model.decoder_rates), attn_window_size=None,
+        codebook_size=2, codebook_dim=1, vq_strides=list(model.vq_strides), noise=True, depthwise=True,
+    )
+    probe = fuse_weight_norm(probe).double().eval()
+    with torch.no_grad():
+        for module in probe.decoder.modules():
+            if isinstance(module, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
+                module.weight.fill_(1.0)
+                if module.bias is not None:
+                    module.bias.zero_()
+        for module in probe.decoder.modules():
+            if isinstance(module, NoiseBlock):
+                module.linear.weight.zero_()  # after the fill above, which also reaches this conv
+        spf = samples_per_frame(model)
+        per_frame = int(model.vq_strides[0])  # latents per frame
+        n, mid = 9, 4
+        z = torch.zeros(1, probe.latent_dim, n * per_frame, dtype=torch.float64)
+        z[..., mid * per_frame : (mid + 1) * per_frame] = 1.0
+        out = probe.decoder(z)[0, 0].numpy()
+    if not np.isfinite(out).all() or (out < 0).any():
+        raise RuntimeError("SNAC receptive-field probe lost positivity; pass margins explicitly")
+    support = np.nonzero(out > 0)[0]
+    back = mid * spf - int(support.min())
+    forward = int(support.max()) + 1 - (mid + 1) * spf
+    if back >= mid * spf or forward >= (n - mid - 1) * spf:
+        raise RuntimeError("SNAC receptive field exceeds the probe window")
+    _receptive_cache[arch] = result = (back, forward)
+    return result
+
+
 class SnacStreamingDecoder:
     """Frames in, audio out, for one stream; concatenated output == `decode_frames` of the whole stream.
 
-    A frame is emitted once `lookahead_frames` later frames have arrived (latency = lookahead * 85 ms);
-    each decode covers `context_frames` earlier frames + the new ones + the lookahead, i.e. a window of
-    `window_frames` = context + 1 + lookahead frames for one new frame. Both margins default to the
-    decoder's measured receptive field. `flush()` emits the held frames at the end of the stream.
+    After n frames, audio up to sample n * 2048 - lookahead is final (no later frame can change it), so
+    that much is emitted; each decode covers just the frames that reach the unemitted span. With the
+    defaults (margins = the decoder's exact receptive field, ~2.3 frames each way) output equals the
+    one-shot decode to float precision, first audio comes after 3 frames (21 Orpheus tokens) and each
+    later frame decodes a window of ~6 frames. Smaller `lookahead_frames` trades exactness for latency
+    (1 frame: ~1e-2 relative error at window seams with random weights); `window_frames=W` sets both
+    margins to (W - 1) / 2 frames. `flush()` emits the held tail.
     Not thread-safe (one owner); the model may be shared by many decoders.
     """
 
     def __init__(
         self,
         model: torch.nn.Module,
-        context_frames: int = 3,
-        lookahead_frames: int = 2,
-        window_frames: int | None = None,
+        lookahead_frames: float | None = None,
+        context_frames: float | None = None,
         device: str | torch.device | None = None,
         noise_seed: int = 0,
+        window_frames: int | None = None,
     ) -> None:
-        if window_frames is not None:
-            context_frames = window_frames - 1 - lookahead_frames
-        if context_frames < 0 or lookahead_frames < 0:
-            raise ValueError("context_frames and lookahead_frames must be >= 0")
+        if window_frames is not None:  # fixed window size: split its margin evenly between the two sides
+            if window_frames < 1:
+                raise ValueError(f"window_frames must be >= 1, got {window_frames}")
+            half = (window_frames - 1) / 2
+            lookahead_frames = half if lookahead_frames is None else lookahead_frames
+            context_frames = half if context_frames is None else context_frames
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        self.context_frames = context_frames
-        self.lookahead_frames = lookahead_frames
         self.noise_seed = noise_seed
-        self.samples_per_frame = samples_per_frame(model)
+        self.samples_per_frame = spf = samples_per_frame(model)
         self.sample_rate = int(model.sampling_rate)
+        back, forward = receptive_field(model) if lookahead_frames is None or context_frames is None else (0, 0)
+        self.lookahead_samples = int(round(lookahead_frames * spf)) if lookahead_frames is not None else back
+        self.context_samples = int(round(context_frames * spf)) if context_frames is not None else forward
+        if self.lookahead_samples < 0 or self.context_samples < 0:
+            raise ValueError("lookahead_frames and context_frames must be >= 0")
         self.reset()
 
     @property
     def window_frames(self) -> int:
-        return self.context_frames + 1 + self.lookahead_frames
+        """Frames decoded per pushed frame in steady state."""
+        return -(-(self.lookahead_samples + self.context_samples) // self.samples_per_frame) + 1
 
     def reset(self) -> None:
         """Forget the stream (barge-in or a new response)."""
         self._rows: list[np.ndarray] = []  # kept frames; the first is absolute frame self._base
         self._base = 0
         self._n = 0  # frames pushed
-        self._emitted = 0  # frames whose audio has been returned
+        self._emitted = 0  # samples returned so far
 
     def push(self, frame: Any) -> np.ndarray:
-        """Add one frame (7 Orpheus-ordered codes or (c0, c1, c2)); returns newly finished audio (may be empty)."""
+        """Add one frame (7 Orpheus-ordered codes or (c0, c1, c2)); returns newly final audio (may be empty)."""
         return self.push_many([frame])
 
     def push_many(self, frames: Iterable[Any]) -> np.ndarray:
-        """Add several frames with one decode; returns newly finished audio (may be empty)."""
+        """Add several frames with one decode; returns newly final audio (may be empty)."""
         for f in frames:
             self._rows.append(_frame_to_row(f))
             self._n += 1
-        return self._emit(self._n - self.lookahead_frames)
+        return self._emit(self._n * self.samples_per_frame - self.lookahead_samples)
 
     def flush(self) -> np.ndarray:
         """Emit everything still held (end of stream) and reset."""
-        out = self._emit(self._n)
+        out = self._emit(self._n * self.samples_per_frame)
         self.reset()
         return out
 
-    def _emit(self, ready: int) -> np.ndarray:
-        if ready <= self._emitted:
+    def _emit(self, end: int) -> np.ndarray:
+        spf = self.samples_per_frame
+        if end <= self._emitted:
             return np.zeros(0, dtype=np.float32)
-        start = max(self._base, self._emitted - self.context_frames)
+        start = max(self._base, (self._emitted - self.context_samples) // spf)
         rows = np.stack(self._rows[start - self._base :])
         codes = [torch.as_tensor(c, device=self.device)[None, :] for c in frames_to_codes(rows)]
         audio = decode_codes(self.model, codes, start, self.noise_seed)[0, 0]
-        spf = self.samples_per_frame
-        out = audio[(self._emitted - start) * spf : (ready - start) * spf].float().cpu().numpy()
-        self._emitted = ready
-        keep_from = max(self._base, self._emitted - self.context_frames)
+        out = audio[self._emitted - start * spf : end - start * spf].float().cpu().numpy()
+        self._emitted = end
+        keep_from = max(self._base, (self._emitted - self.context_samples) // spf)
         del self._rows[: keep_from - self._base]
         self._base = keep_from
         return out

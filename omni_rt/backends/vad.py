@@ -109,6 +109,8 @@ class StreamingVAD:
         self.frame = SileroVadModel.frame_size(sample_rate)
         self._ctx_len = SileroVadModel.context_size(sample_rate)
         self.configure(threshold, prefix_padding_ms, silence_duration_ms)
+        self.samples_seen = 0  # stream clock, in samples
+        self._pending = np.zeros(0, dtype=np.float32)  # samples waiting for a whole frame
         self.reset()
 
     def configure(self, threshold: float, prefix_padding_ms: int, silence_duration_ms: int) -> None:
@@ -119,14 +121,18 @@ class StreamingVAD:
         self.silence_duration_ms = int(silence_duration_ms)
 
     def reset(self) -> None:
-        """Forget everything: model state, buffered samples, turn state, stream clock."""
+        """Forget model state, buffered samples and turn state (buffer clear, forced turn end).
+
+        The stream clock keeps running (dropped buffered samples count as heard), so later event offsets
+        stay relative to the start of the stream, as the Realtime protocol's audio_*_ms are.
+        """
         self._state = np.zeros(_STATE_SHAPE, dtype=np.float32)
         self._context = np.zeros(self._ctx_len, dtype=np.float32)
+        self.samples_seen += self._pending.size
         self._pending = np.zeros(0, dtype=np.float32)
-        self.samples_seen = 0  # samples run through the model (whole frames)
         self.in_speech = False
         self.last_prob = 0.0
-        self._last_speech_end = 0  # sample index of the end of the last speech frame
+        self._last_speech_end = self.samples_seen  # sample index of the end of the last speech frame
         self._silence_run = False
 
     def _ms(self, samples: int) -> int:
@@ -134,7 +140,7 @@ class StreamingVAD:
 
     @property
     def processed_ms(self) -> float:
-        """Milliseconds of audio run through the model so far."""
+        """Stream clock: milliseconds of audio run through the model (plus any dropped by `reset`)."""
         return self.samples_seen * 1000.0 / self.sample_rate
 
     @property

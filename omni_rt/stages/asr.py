@@ -164,7 +164,7 @@ class AsrSessionScheduler(SessionScheduler):
         for ev in events:
             if ev.kind == "speech_started":
                 # keep prefix padding before the speech start, drop older silence
-                keep_ms = self._ms(st.stream_samples) - ev.audio_ms + st.td.prefix_padding_ms
+                keep_ms = self._ms(st.stream_samples) - ev.audio_ms  # audio_ms already includes the prefix padding
                 self._reset_turn(session, st, keep_ms=max(0, keep_ms))
                 self.emit(sid, "event", {"type": "speech_started", "audio_start_ms": ev.audio_ms})
             elif ev.kind == "speech_stopped":
