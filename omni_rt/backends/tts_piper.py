@@ -57,6 +57,8 @@ class PiperTTS:
         opts = ort.SessionOptions()
         if num_threads:
             opts.intra_op_num_threads = num_threads
+        # no busy-waiting between ops: on a 2-core box the spinning threads starve the thinker's decode
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3
         providers: list = ["CPUExecutionProvider"]
         if use_cuda:

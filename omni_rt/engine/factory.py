@@ -43,6 +43,7 @@ def create_ar_scheduler(
     *,
     name: str = "thinker",
     max_seq_len: int | None = None,
+    cpu_threads: int | None = None,
     cuda_graphs: bool = True,
     tokenizer: str | None = None,
     api_key: str | None = None,
@@ -53,6 +54,12 @@ def create_ar_scheduler(
     overrides where ``scheduler.tokenizer`` comes from.
     """
     if backend == "torch":
+        if cpu_threads is not None and device == "cpu":
+            import torch
+
+            # process-wide: on a small CPU the thinker shares cores with ASR and TTS threads, and torch's
+            # OpenMP pool spinning on a busy core costs more than the parallelism gains
+            torch.set_num_threads(cpu_threads)
         from omni_rt.engine.ar_scheduler import ARScheduler
         from omni_rt.engine.torch_engine import TorchEngine
         from omni_rt.engine.weights import load_model, load_tokenizer, resolve_model

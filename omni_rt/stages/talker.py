@@ -61,9 +61,11 @@ class PiperTalkerScheduler(StreamingSimpleScheduler):
         )
 
 
-def create_piper_talker(voice: str | None = None, first_min_words: int = 2, first_max_words: int = 5) -> PiperTalkerScheduler:
+def create_piper_talker(
+    voice: str | None = None, first_min_words: int = 2, first_max_words: int = 5, num_threads: int = 1
+) -> PiperTalkerScheduler:
     from omni_rt.backends.tts_piper import PiperTTS
 
-    tts = PiperTTS(voice_path=voice)
+    tts = PiperTTS(voice_path=voice, num_threads=num_threads)
     tts.synthesize("Ready.")  # warm the ONNX session so the first answer pays no start-up cost
     return PiperTalkerScheduler(tts, first_min_words=first_min_words, first_max_words=first_max_words)
