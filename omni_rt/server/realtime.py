@@ -77,6 +77,7 @@ class RealtimeSession:
         self.outgoing: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.response: Response | None = None
         self.held: Response | None = None  # answer being prepared during the end-of-turn silence
+        self.partial_sent: dict[str, str] = {}  # item id -> partial transcript already sent as deltas
         self.decoder = InputDecoder(self.config.input_format, target_rate=16000)
         self.pending_user_item: str | None = None  # item id announced at speech_started / commit
         self.turn_end_at: float | None = None
@@ -281,9 +282,13 @@ class RealtimeSession:
         elif kind == "cleared":
             self.send({"type": "input_audio_buffer.cleared"})
         elif kind == "transcript.delta":
-            if self.config.transcription is not None and self.pending_user_item:
+            # partials are re-decodes of the whole turn so far: send only what extends the text already sent
+            text = ev["text"]
+            sent = self.partial_sent.get(self.pending_user_item or "", "")
+            if self.config.transcription is not None and self.pending_user_item and text.startswith(sent) and len(text) > len(sent):
+                self.partial_sent = {self.pending_user_item: text}
                 self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": self.pending_user_item,
-                           "content_index": 0, "delta": ev["text"]})
+                           "content_index": 0, "delta": text[len(sent):]})
         elif kind == "transcript.speculative":
             text = ev.get("text", "").strip()
             if td.get("create_response", True) and text and self.held is None and self.runtime.speculative_responses:
