@@ -60,11 +60,30 @@ async def test_sdk_spoken_turn(live_server, speech_samples):
     assert done["status"] == "completed"
     audio_bytes = sum(len(base64.b64decode(e["delta"])) for e in events if e["type"] == "response.output_audio.delta")
     assert audio_bytes > 24000 * 2 * 0.5, "less than half a second of answer audio"
-    # streaming, not a cascade: the first audio leaves before the thinker has finished its text
-    first_audio = types.index("response.output_audio.delta")
-    last_text = max(i for i, t in enumerate(types) if t == "response.output_audio_transcript.delta")
-    assert first_audio < last_text, "audio started only after the whole answer text was generated"
     # every delta belongs to the announced response/item
     rid = next(e for e in events if e["type"] == "response.created")["response"]["id"]
     assert all(e["response_id"] == rid for e in events if e["type"] == "response.output_audio.delta")
     assert live_server.wait_idle()["total"] == 0
+
+
+async def test_sdk_audio_streams_while_thinker_generates(live_server):
+    """Streaming, not a cascade: the first audio of a long answer leaves before the thinker has finished."""
+    client = AsyncOpenAI(api_key="unused", websocket_base_url=f"{live_server.ws_url}/v1")
+    types: list[str] = []
+    async with client.realtime.connect(model="gpt-realtime") as conn:
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "Tell me a long story about a dragon who loved books."}]})
+        await conn.response.create()
+        async with asyncio.timeout(120):
+            async for event in conn:
+                validate_event(event.model_dump(mode="json", exclude_unset=True))
+                types.append(event.type)
+                if event.type == "response.done":
+                    assert event.response.status == "completed"
+                    break
+    first_audio = types.index("response.output_audio.delta")
+    text_deltas = [i for i, t in enumerate(types) if t == "response.output_audio_transcript.delta"]
+    assert len(text_deltas) > 20
+    assert first_audio < text_deltas[-1], "audio started only after the whole answer text was generated"
+    assert sum(1 for i in text_deltas if i > first_audio) >= 5, "most of the text should still be coming after the first audio"
