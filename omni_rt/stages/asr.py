@@ -6,6 +6,11 @@ Once the VAD has seen ``speculative_after_ms`` of trailing silence we transcribe
 follows before ``silence_duration_ms`` ends the turn, that transcript *is* the final one and is ready the moment
 the turn ends.
 
+Whisper runs on a decode worker thread, never on the session thread: the VAD keeps up with the audio (a
+late ``speech_stopped`` is latency too) while a decode is in flight. Finished decodes come back through the
+inbox as ``_decoded`` ops, so all per-session state is still touched by one thread only. An ``epoch`` per
+session tells a decode that is still valid from one made stale by new speech.
+
 Session ops (``new_request`` data ``op``): ``open`` (params below), ``update`` (new params), ``commit``
 (end the turn now: manual turn taking), ``clear`` (drop buffered audio). Appends are float32 16 kHz arrays.
 Events out: ``speech_started``, ``speech_stopped``, ``committed``, ``cleared``, ``transcript.delta``,
@@ -15,11 +20,13 @@ Events out: ``speech_started``, ``speech_stopped``, ``committed``, ``cleared``, 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from omni_rt.core.messages import IncomingMessage
 from omni_rt.core.session_scheduler import Session, SessionLimitError, SessionScheduler
 
 SAMPLE_RATE = 16000
@@ -60,10 +67,12 @@ class AsrState:
     stream_samples: int = 0  # all samples ever appended (for audio_*_ms offsets)
     turn_start_sample: int = 0
     last_partial_samples: int = 0
-    speculative: tuple[int, str] | None = None  # (turn samples when decoded, text)
+    speculative: str | None = None  # text decoded in the silence for the current epoch
+    spec_pending: bool = False  # a speculative decode for the current epoch is in flight
+    awaiting_final: dict[str, Any] | None = None  # a finished turn waiting for its in-flight speculative decode
+    epoch: int = 0  # bumped when speech resumes or a turn ends: older decodes no longer describe the turn
     partials: bool = True
     turn: int = 0
-    stopped_at: float = 0.0
 
 
 class AsrSessionScheduler(SessionScheduler):
@@ -71,7 +80,7 @@ class AsrSessionScheduler(SessionScheduler):
         self,
         transcriber: Transcriber,
         vad_model: Any,
-        speculative_after_ms: int = 200,
+        speculative_after_ms: int = 150,
         partial_interval_ms: int = 1200,
         max_turn_s: float = 30.0,
         **limits: Any,
@@ -83,6 +92,42 @@ class AsrSessionScheduler(SessionScheduler):
         self.partial_interval_samples = int(partial_interval_ms * SAMPLE_RATE / 1000)
         self.max_turn_samples = int(max_turn_s * SAMPLE_RATE)
         self.stats = {"turns": 0, "speculative_hits": 0, "speculative_misses": 0}
+        self._decoder: ThreadPoolExecutor | None = None
+        self._decodes_in_flight = 0
+
+    def start(self) -> None:
+        self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-decode")
+        super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        if self._decoder is not None:
+            self._decoder.shutdown(wait=False, cancel_futures=True)
+
+    def _handle(self, msg: IncomingMessage) -> None:
+        data = msg.data if msg.type == "new_request" else None
+        if isinstance(data, dict) and data.get("op") == "_decoded" and msg.request_id not in self.sessions:
+            self._decodes_in_flight -= 1  # the session closed while its decode ran: nothing to deliver
+            return
+        super()._handle(msg)
+
+    def _decode(self, session_id: str, kind: str, audio: np.ndarray, **meta: Any) -> None:
+        """Transcribe on the worker; the result returns to the session thread as a ``_decoded`` op."""
+        assert self._decoder is not None, "scheduler not started"
+        self._decodes_in_flight += 1
+        audio = audio.copy()
+
+        def job() -> None:
+            t0 = time.perf_counter()
+            try:
+                text, error = self.transcriber.transcribe(audio).strip(), None
+            except Exception as exc:  # noqa: BLE001 - reported to the session as an error event
+                text, error = "", f"{type(exc).__name__}: {exc}"
+            self.inbox.put(IncomingMessage(session_id, "new_request", {
+                "op": "_decoded", "kind": kind, "text": text, "error": error,
+                "asr_ms": round((time.perf_counter() - t0) * 1000, 1), **meta}))
+
+        self._decoder.submit(job)
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _new_vad(self, td: TurnDetection) -> Any:
@@ -114,6 +159,8 @@ class AsrSessionScheduler(SessionScheduler):
         st.turn_start_sample = st.stream_samples - st.samples
         st.last_partial_samples = 0
         st.speculative = None
+        st.spec_pending = False
+        st.epoch += 1
         s.buffered_bytes = st.samples * 2
 
     def _ms(self, samples: int) -> int:
@@ -141,6 +188,8 @@ class AsrSessionScheduler(SessionScheduler):
                 self.emit(session.session_id, "event", {"type": "speech_stopped", "audio_end_ms": self._ms(st.stream_samples)})
                 st.vad.reset()
             self._finish_turn(session, st, trigger="commit")
+        elif op == "_decoded":
+            self._decoded(session, st, data)
         elif op == "clear":
             st.vad.reset()
             self._reset_turn(session, st)
@@ -183,26 +232,22 @@ class AsrSessionScheduler(SessionScheduler):
             self._finish_turn(session, st, trigger="max_turn")
 
     def _maybe_decode_early(self, session: Session, st: AsrState) -> None:
-        silence_ms = st.vad.silence_ms
-        if silence_ms >= self.speculative_after_ms:
-            if st.speculative is None:
-                t0 = time.perf_counter()
-                text = self.transcriber.transcribe(self._turn_audio(st)).strip()
-                st.speculative = (st.samples, text)
+        sid = session.session_id
+        if st.vad.silence_ms >= self.speculative_after_ms:
+            if st.speculative is None and not st.spec_pending:
+                st.spec_pending = True
                 st.last_partial_samples = st.samples
-                asr_ms = round((time.perf_counter() - t0) * 1000, 1)
-                # lets the session start answering in the silence; the answer is held until the turn ends
-                self.emit(session.session_id, "event", {"type": "transcript.speculative", "turn": st.turn + 1, "text": text,
-                                                        "asr_ms": asr_ms})
+                self._decode(sid, "speculative", self._turn_audio(st), epoch=st.epoch, turn=st.turn + 1)
             return
-        if st.speculative is not None:  # speech resumed: that guess (and anything started from it) is stale
-            st.speculative = None
-            self.emit(session.session_id, "event", {"type": "speculative.cancelled", "turn": st.turn + 1})
-        if st.partials and st.samples - st.last_partial_samples >= self.partial_interval_samples and self.inbox.empty():
+        if st.speculative is not None or st.spec_pending:  # speech resumed: the guess (and what it started) is stale
+            if st.speculative is not None:
+                self.emit(sid, "event", {"type": "speculative.cancelled", "turn": st.turn + 1})
+            st.speculative, st.spec_pending = None, False
+            st.epoch += 1
+        due = st.samples - st.last_partial_samples >= self.partial_interval_samples
+        if st.partials and due and self._decodes_in_flight == 0:  # never queue a partial ahead of a final
             st.last_partial_samples = st.samples
-            text = self.transcriber.transcribe(self._turn_audio(st))
-            if text:
-                self.emit(session.session_id, "event", {"type": "transcript.delta", "text": text, "partial": True})
+            self._decode(sid, "partial", self._turn_audio(st), epoch=st.epoch, turn=st.turn + 1)
 
     def _finish_turn(self, session: Session, st: AsrState, trigger: str) -> None:
         sid = session.session_id
@@ -210,28 +255,47 @@ class AsrSessionScheduler(SessionScheduler):
         st.turn += 1
         self.stats["turns"] += 1
         self.emit(sid, "event", {"type": "committed", "turn": st.turn, "trigger": trigger, "audio_ms": self._ms(audio.size)})
-        t0 = time.perf_counter()
-        spec = st.speculative
-        if spec is not None and trigger == "vad":
-            text, speculative = spec[1], True
+        meta = {"turn": st.turn, "audio_ms": self._ms(audio.size), "t_end": time.perf_counter()}
+        if trigger == "vad" and st.speculative is not None:
             self.stats["speculative_hits"] += 1
+            self._emit_final(sid, st.speculative, speculative=True, asr_ms=0.0, **meta)
+        elif trigger == "vad" and st.spec_pending:
+            self.stats["speculative_hits"] += 1  # the decode in flight covers this turn: wait for it
+            st.awaiting_final = {"epoch": st.epoch, **meta}
         else:
             if trigger == "vad":
                 self.stats["speculative_misses"] += 1
-            text, speculative = self.transcriber.transcribe(audio), False
-        self.emit(
-            sid,
-            "event",
-            {
-                "type": "transcript.final",
-                "turn": st.turn,
-                "text": text.strip(),
-                "speculative": speculative,
-                "asr_ms": round((time.perf_counter() - t0) * 1000, 1),
-                "audio_ms": self._ms(audio.size),
-            },
-        )
+            self._decode(sid, "final", audio, **meta)
         self._reset_turn(session, st)
+
+    def _decoded(self, session: Session, st: AsrState, data: dict[str, Any]) -> None:
+        self._decodes_in_flight -= 1
+        sid, kind, text = session.session_id, data["kind"], data["text"]
+        if data.get("error"):
+            raise RuntimeError(f"transcription failed: {data['error']}")
+        if kind == "final":
+            self._emit_final(sid, text, speculative=False, asr_ms=data["asr_ms"], turn=data["turn"],
+                             audio_ms=data["audio_ms"], t_end=data["t_end"])
+        elif kind == "speculative":
+            waiting = st.awaiting_final
+            if waiting is not None and waiting["epoch"] == data["epoch"]:
+                st.awaiting_final = None
+                self._emit_final(sid, text, speculative=True, asr_ms=data["asr_ms"], turn=waiting["turn"],
+                                 audio_ms=waiting["audio_ms"], t_end=waiting["t_end"])
+            elif data["epoch"] == st.epoch:
+                st.speculative, st.spec_pending = text, False
+                # lets the session start answering in the silence; the answer is held until the turn ends
+                self.emit(sid, "event", {"type": "transcript.speculative", "turn": data["turn"], "text": text,
+                                         "asr_ms": data["asr_ms"]})
+        elif kind == "partial" and data["epoch"] == st.epoch and text:
+            self.emit(sid, "event", {"type": "transcript.delta", "text": text, "partial": True})
+
+    def _emit_final(self, sid: str, text: str, speculative: bool, asr_ms: float, turn: int, audio_ms: int, t_end: float) -> None:
+        self.emit(sid, "event", {
+            "type": "transcript.final", "turn": turn, "text": text.strip(), "speculative": speculative,
+            "asr_ms": asr_ms,  # decode time; `after_end_ms` is what the turn's end actually waited
+            "after_end_ms": round((time.perf_counter() - t_end) * 1000, 1), "audio_ms": audio_ms,
+        })
 
 
 def create_asr_stage(
@@ -240,7 +304,7 @@ def create_asr_stage(
     device: str = "cpu",
     compute_type: str = "int8",
     cpu_threads: int = 2,
-    speculative_after_ms: int = 200,
+    speculative_after_ms: int = 150,
     partial_interval_ms: int = 1200,
     max_sessions: int = 64,
     max_buffered_bytes: int = 24000 * 2 * 120,
