@@ -141,6 +141,19 @@ def test_faster_whisper_batch_and_silence(question_16k, asr) -> None:
     assert asr.transcribe(np.zeros(0, np.float32)) == ""  # Whisper would hallucinate ". . . ." here
 
 
+def test_faster_whisper_short_window_matches_full_window(question_16k, asr) -> None:
+    """The shortened encoder window (speech + 5 s, at least 10 s) transcribes what the 30 s window does."""
+    assert asr.window_frames(250) == 1000 and asr.window_frames(700) == 1200 and asr.window_frames(2900) == 3000
+    short = asr.transcribe(question_16k)
+    saved = asr.min_window_frames
+    try:
+        asr.min_window_frames = 3000
+        full = asr.transcribe(question_16k)
+    finally:
+        asr.min_window_frames = saved
+    assert short == full
+
+
 def test_faster_whisper_missing_model_is_a_clear_error(tmp_path: Path) -> None:
     from omni_rt.backends.asr import FasterWhisperASR
 
