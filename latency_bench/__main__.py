@@ -1,0 +1,67 @@
+"""``python -m latency_bench``: the realtime latency report (see ``latency_bench/realtime_bench.py``).
+
+    python -m latency_bench                 # CPU preset: sweep 1, 2, 4 sessions + ablations (< 15 min on 2 cores)
+    python -m latency_bench --quick         # sweep 1, 2 sessions, 2 turns each, short ablations (< 5 min)
+    python -m latency_bench --preset gpu    # GPU machine: sweep 1, 4, 16 sessions
+    python -m latency_bench --url ws://127.0.0.1:8000 --sessions 1,8   # load a running server (no ablations)
+    python -m latency_bench.stages          # per-stage latency, in-process, CPU preset
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from latency_bench import report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m latency_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="short run: levels 1,2; 2 turns; one barge-in; 2-turn ablations of 4 variants")
+    p.add_argument("--preset", default="cpu", help="base preset for the servers started here: cpu | gpu | YAML path")
+    p.add_argument("--url", default=None, help="ws://HOST:PORT of a running server (skips server start and ablations)")
+    p.add_argument("--sessions", default=None, help="concurrency levels, comma-separated (default 1,2,4; gpu 1,4,16)")
+    p.add_argument("--turns", type=int, default=None, help="questions per session per level (default 4; quick 2)")
+    p.add_argument("--ablation-turns", type=int, default=None, help="questions per ablation variant (default 3; quick 2)")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated: streaming,naive,no_held,no_async,no_prefix,windowed (default all; quick: streaming,naive,no_held,windowed; 'none' to skip)")
+    p.add_argument("--no-barge", action="store_true", help="skip the barge-in turns")
+    p.add_argument("--chunk-ms", type=int, default=20, help="microphone chunk, sent at its real-time instant (20-40)")
+    p.add_argument("--gap-s", type=float, default=0.8, help="pause after an answer before the next question")
+    p.add_argument("--barge-delay-s", type=float, default=0.3, help="talk over the answer this long after its first audio")
+    p.add_argument("--turn-timeout", type=float, default=90.0, help="seconds a turn may take before it counts as failed")
+    p.add_argument("--no-warmup", action="store_true", help="skip the unrecorded warm-up turn on each server")
+    p.add_argument("--out", default=str(report.RESULTS_DIR / "latest.json"))
+    p.add_argument("--png", default=str(report.RESULTS_DIR / "latest.png"))
+    p.add_argument("--log-dir", default=None, help="keep server logs here (default: a temp dir)")
+    p.add_argument("--note", action="append", help="a note printed with the report (repeatable)")
+    p.add_argument("--update-readme", action="store_true", help="rewrite README.md's '## Benchmarks' section")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    # the command shown in the report: what changes the measurement, not where files go
+    shown, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--log-dir", "--out", "--png", "--note"):
+            skip = True
+            continue
+        if a == "--update-readme" or a.split("=", 1)[0] in ("--log-dir", "--out", "--png", "--note"):
+            continue
+        shown.append(a)
+    args.argv = shown
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from latency_bench.realtime_bench import main as run_main
+
+    return run_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
