@@ -17,10 +17,6 @@ real-time instant: silence between questions, Piper-spoken questions when it "ta
 Servers are started here (``omni-rt serve --preset PATH``), one per pipeline variant, sequentially; ``--url``
 loads a server that is already running instead (no ablations then). ``/metrics`` histograms are scraped before
 and after each concurrency level for the server-side view.
-
-Also home of ``create_windowed_ar_scheduler``: the AR scheduler has no batching-window knob (it admits new
-prefills idle-immediately, by design), so the "windowed" ablation preset names this factory, which adds the
-classic window: a request that finds the scheduler idle waits ``batch_window_ms`` for company before prefill.
 """
 
 from __future__ import annotations
@@ -32,7 +28,6 @@ import datetime as _dt
 import json
 import logging
 import os
-import queue
 import shlex
 import socket
 import subprocess
@@ -77,53 +72,6 @@ VARIANTS: dict[str, tuple[str, str | None, list[str]]] = {
 }
 QUICK_VARIANTS = ["streaming", "naive", "no_held", "windowed"]
 WINDOW_MS = 50.0
-
-
-# ============================================================================================ windowed thinker
-_WINDOWED_CLS = None
-
-
-def _windowed_class():
-    global _WINDOWED_CLS
-    if _WINDOWED_CLS is None:
-        from omni_rt.engine.ar_scheduler import ARScheduler
-
-        class WindowedARScheduler(ARScheduler):
-            """ARScheduler whose idle admission waits ``batch_window_s`` for more requests (the classic batcher)."""
-
-            batch_window_s = WINDOW_MS / 1000.0
-
-            def _drain_inbox(self, block: bool) -> None:
-                super()._drain_inbox(block)
-                if not (block and self._waiting and self.batch_window_s > 0):
-                    return
-                deadline = time.monotonic() + self.batch_window_s
-                while self.running and len(self._waiting) < self.engine.max_batch_size:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    try:
-                        msg = self.inbox.get(timeout=remaining)
-                    except queue.Empty:
-                        break
-                    self._handle(msg)
-
-        _WINDOWED_CLS = WindowedARScheduler
-    return _WINDOWED_CLS
-
-
-def create_windowed_ar_scheduler(batch_window_ms: float = WINDOW_MS, **kwargs: Any):
-    """``create_ar_scheduler(**kwargs)`` with a batching window that starts with the first request of an idle
-    scheduler (what idle-immediate admission avoids). Torch backend only."""
-    from omni_rt.engine.ar_scheduler import ARScheduler
-    from omni_rt.engine.factory import create_ar_scheduler
-
-    sched = create_ar_scheduler(**kwargs)
-    if not isinstance(sched, ARScheduler):
-        raise ValueError("the windowed variant needs the built-in torch AR scheduler (backend: torch)")
-    sched.__class__ = _windowed_class()
-    sched.batch_window_s = float(batch_window_ms) / 1000.0
-    return sched
 
 
 # ============================================================================================ speech corpus
@@ -579,8 +527,7 @@ def derive_variant(data: dict[str, Any], variant: str) -> dict[str, Any]:
     elif variant == "windowed":
         if entry["factory"] != "omni_rt.engine.factory:create_ar_scheduler":
             raise ValueError(f"windowed: the entry stage factory is {entry['factory']}, not create_ar_scheduler")
-        entry["factory"] = "latency_bench.realtime_bench:create_windowed_ar_scheduler"
-        entry["args"]["batch_window_ms"] = WINDOW_MS
+        entry["args"].update(batch_wait_ms=WINDOW_MS, batch_wait_when_idle=True)
     elif variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; known: {list(VARIANTS)}")
     data["name"] = f"{data.get('name', 'preset')}-{variant}"

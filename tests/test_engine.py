@@ -408,3 +408,26 @@ def test_missing_smollm2_package_names_the_fix(monkeypatch, tmp_path):
 def test_ensure_smollm2_is_cached(smollm2_dir):
     assert (smollm2_dir / "model.safetensors").is_file()
     assert weights.ensure_smollm2() == smollm2_dir  # second call: no conversion
+
+
+@pytest.mark.parametrize("when_idle", [False, True], ids=["idle-immediate", "windowed"])
+def test_admission_window_only_when_asked(tiny, when_idle):
+    """A lone request on an idle engine prefills at once unless batch_wait_when_idle; two together batch."""
+    import time
+
+    sched = _started(tiny["llama"], batch_wait_ms=300, batch_wait_when_idle=when_idle)
+    try:
+        send(sched, "warm", {"prompt_ids": [1, 2, 3], "max_tokens": 1})
+        collect(sched, ["warm"])
+        waits = []
+        for i in range(2):
+            t0 = time.perf_counter()
+            send(sched, f"lone{i}", {"prompt_ids": [5, 6, 7], "max_tokens": 1})
+            collect(sched, [f"lone{i}"])
+            waits.append(time.perf_counter() - t0)
+        if when_idle:
+            assert min(waits) >= 0.28, waits
+        else:
+            assert min(waits) < 0.2, waits  # generous: the window alone would be 300 ms
+    finally:
+        sched.stop()

@@ -47,8 +47,15 @@ class ARScheduler(ThreadedScheduler):
         prefix_reuse: bool = True,
         kv_budget_tokens: int = 32768,
         default_max_tokens: int = 256,
+        batch_wait_ms: float = 0.0,
+        batch_wait_when_idle: bool = False,
     ) -> None:
         super().__init__()
+        # Admission window for an idle engine, as in SimpleScheduler: idle-immediate by default (a lone
+        # request prefills at once); the window arms only once a second request is waiting, or always with
+        # batch_wait_when_idle=True (the classic batcher, kept for comparisons).
+        self.batch_wait_s = batch_wait_ms / 1000.0
+        self.batch_wait_when_idle = batch_wait_when_idle
         self.name = name
         self.engine = engine
         engine.reset()
@@ -146,6 +153,24 @@ class ARScheduler(ThreadedScheduler):
             self._handle(msg)
             try:
                 msg = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+        if block and self.batch_wait_s > 0 and self._waiting:
+            self._wait_for_company()
+
+    def _wait_for_company(self) -> None:
+        """The engine was idle and work arrived: wait out the window (see ``batch_wait_ms``) for more."""
+        deadline: float | None = None
+        while self.running and len(self._waiting) < self.engine.max_batch_size:
+            if deadline is None and (self.batch_wait_when_idle or len(self._waiting) >= 2):
+                deadline = time.monotonic() + self.batch_wait_s
+            if deadline is None:
+                return  # a lone request on an idle engine: prefill now
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                self._handle(self.inbox.get(timeout=remaining))
             except queue.Empty:
                 return
 

@@ -44,6 +44,8 @@ def create_ar_scheduler(
     name: str = "thinker",
     max_seq_len: int | None = None,
     cpu_threads: int | None = None,
+    batch_wait_ms: float = 0.0,
+    batch_wait_when_idle: bool = False,
     cuda_graphs: bool = True,
     tokenizer: str | None = None,
     api_key: str | None = None,
@@ -82,6 +84,8 @@ def create_ar_scheduler(
             prefix_reuse=prefix_reuse,
             kv_budget_tokens=kv_budget_tokens,
             default_max_tokens=default_max_tokens,
+            batch_wait_ms=batch_wait_ms,
+            batch_wait_when_idle=batch_wait_when_idle,
         )
     if backend == "remote":
         from omni_rt.engine.remote import RemoteScheduler
