@@ -173,18 +173,16 @@ def measure_thinker(args: dict[str, Any], transcript: str, repeats: int) -> tupl
             th.sched.prefix_reuse = args.get("prefix_reuse", True)
         # idle-immediate admission vs a batching window that starts with a lone request (same scheduler,
         # interleaved so load drift hits both alike)
-        from latency_bench.realtime_bench import WINDOW_MS, _windowed_class
+        from latency_bench.realtime_bench import WINDOW_MS
 
-        th.sched.batch_window_s = 0.0
-        th.sched.__class__ = _windowed_class()
         idle_imm, windowed = [], []
         for r in range(repeats):
             msgs = [system, {"role": "user", "content": transcript}]
-            th.sched.batch_window_s = 0.0
+            th.sched.batch_wait_s, th.sched.batch_wait_when_idle = 0.0, False
             idle_imm.append(th.ask(msgs, None, max_tokens=2)["first_token_ms"])
-            th.sched.batch_window_s = WINDOW_MS / 1000.0
+            th.sched.batch_wait_s, th.sched.batch_wait_when_idle = WINDOW_MS / 1000.0, True
             windowed.append(th.ask(msgs, None, max_tokens=2)["first_token_ms"])
-        th.sched.batch_window_s = 0.0
+        th.sched.batch_wait_s, th.sched.batch_wait_when_idle = 0.0, False
         rows = [
             _row("thinker first token (turn 1)", first, "prefill of system + question"),
             _row("thinker first clause (turn 1)", clause, f"first clause: {first_clause!r}"),
