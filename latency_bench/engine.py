@@ -154,7 +154,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-seq-len", type=int, default=1024)
-    ap.add_argument("--json", default="engine_bench.json", help="where to write the results")
+    ap.add_argument("--json", default="latency_bench/results/engine.json", help="where to write the results")
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
