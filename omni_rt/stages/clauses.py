@@ -22,7 +22,7 @@ class ClauseSplitter:
     ``first_min_words`` / ``first_max_words`` so audio can start after a few tokens.
     """
 
-    def __init__(self, first_min_words: int = 2, first_max_words: int = 5, min_words: int = 5, max_words: int = 24) -> None:
+    def __init__(self, first_min_words: int = 2, first_max_words: int = 4, min_words: int = 5, max_words: int = 24) -> None:
         self.first_min_words = first_min_words
         self.first_max_words = first_max_words
         self.min_words = min_words
@@ -31,7 +31,13 @@ class ClauseSplitter:
         self.emitted = 0
 
     def _limits(self) -> tuple[int, int]:
-        return (self.first_min_words, self.first_max_words) if self.emitted == 0 else (self.min_words, self.max_words)
+        """Clause k may hold up to first_max_words * 2**k words (capped at max_words): each clause is then
+        generated while the previous one plays (decode runs ~2x faster than speech), so playback never starves
+        waiting for a long second clause."""
+        if self.emitted == 0:
+            return self.first_min_words, self.first_max_words
+        max_words = min(self.max_words, self.first_max_words * 2**self.emitted)
+        return min(self.min_words, max_words), max_words
 
     def push(self, delta: str) -> list[str]:
         self.buffer += clean_for_speech(delta)

@@ -48,7 +48,7 @@ class CodecTalkerScheduler(StreamingSimpleScheduler):
         max_tokens_per_clause: int = 7 * 48,
         sampling: dict[str, Any] | None = None,
         ignore_eos: bool = False,
-        first_max_words: int = 5,
+        first_max_words: int = 4,
     ) -> None:
         super().__init__(name="talker")
         self.engine = engine  # an AR scheduler (same protocol as every scheduler)

@@ -15,7 +15,7 @@ from omni_rt.stages.clauses import ClauseSplitter
 
 
 class PiperTalkerScheduler(StreamingSimpleScheduler):
-    def __init__(self, tts: Any, first_min_words: int = 2, first_max_words: int = 5, min_words: int = 5, max_words: int = 24) -> None:
+    def __init__(self, tts: Any, first_min_words: int = 2, first_max_words: int = 4, min_words: int = 5, max_words: int = 24) -> None:
         super().__init__(name="talker")
         self.tts = tts
         self.split_args = dict(first_min_words=first_min_words, first_max_words=first_max_words, min_words=min_words, max_words=max_words)
@@ -62,7 +62,7 @@ class PiperTalkerScheduler(StreamingSimpleScheduler):
 
 
 def create_piper_talker(
-    voice: str | None = None, first_min_words: int = 2, first_max_words: int = 5, num_threads: int = 1
+    voice: str | None = None, first_min_words: int = 2, first_max_words: int = 4, num_threads: int = 1
 ) -> PiperTalkerScheduler:
     from omni_rt.backends.tts_piper import PiperTTS
 
