@@ -158,6 +158,7 @@ async def test_text_only_turn_sdk(live_server):
     assert done["output_modalities"] == ["text"]
     assert done["output"][0]["content"] == [{"type": "output_text", "text": text}]
     assert done["usage"]["output_tokens"] <= 24
+    assert done["max_output_tokens"] == 24, "response.done reports the response's own token limit"
     assert text.strip(), "empty answer"
 
 

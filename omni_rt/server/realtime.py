@@ -49,6 +49,7 @@ class Response:
     item: Item
     modalities: list[str]
     output_format: str
+    max_output_tokens: int | str = "inf"
     started: float = field(default_factory=time.perf_counter)
     turn_end: float | None = None  # perf_counter of the end-of-turn decision this answers
     task: asyncio.Task | None = None
@@ -83,7 +84,6 @@ class RealtimeSession:
         self.turn_end_at: float | None = None
         self.commit_event_id: Any = None
         self.closed = False
-        self.input_ms = 0.0
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -174,7 +174,6 @@ class RealtimeSession:
             pcm = self.decoder.decode(raw)
         except ValueError as exc:
             raise ProtocolError("invalid_audio", f"{exc} (format {self.config.input_format})", "audio") from None
-        self.input_ms += len(pcm) / 16.0
         if len(pcm):
             self.runtime.coordinator.append(self.id, ASR_STAGE, pcm)
 
@@ -342,7 +341,7 @@ class RealtimeSession:
         content_type = "output_audio" if "audio" in modalities else "output_text"
         item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress")
         resp = Response(id=new_id("resp"), item=item, modalities=modalities, output_format=cfg.output_format,
-                        turn_end=turn_end if turn_end is not None else time.perf_counter())
+                        max_output_tokens=cfg.max_output_tokens, turn_end=turn_end if turn_end is not None else time.perf_counter())
         messages = self.conversation.messages(cfg.instructions)
         if held_user_text is not None:
             resp.held, resp.spec_text = True, held_user_text
@@ -524,7 +523,7 @@ class RealtimeSession:
             "output": [resp.item.render()] if resp.status != "in_progress" else [],
             "audio": {"output": {"format": {"type": resp.output_format, **({"rate": 24000} if resp.output_format == "audio/pcm" else {})},
                                  "voice": self.config.voice}},
-            "max_output_tokens": self.config.max_output_tokens,
+            "max_output_tokens": resp.max_output_tokens,
             "metadata": None,
         }
         if resp.status in ("cancelled", "failed", "incomplete"):
