@@ -101,7 +101,7 @@ def measure_asr(asr_args: dict[str, Any], audio16: np.ndarray, repeats: int) -> 
                 rows.append(_row("ASR final after speech_stopped (decode started in the silence)", finals,
                                  f"decode starts at {after_ms} ms of silence, on a worker; turn ends at 500 ms"))
                 if decodes:
-                    rows.append(_row("  the decode itself", decodes, "Whisper tiny.en, window = speech + 5 s (>= 10 s)"))
+                    rows.append(_row("  the decode itself", decodes, "Whisper tiny.en, window = speech + 5 s (>= 15 s)"))
             else:
                 rows.append(_row("ASR final after speech_stopped (decode after the turn)", finals, "whisper on the whole turn"))
     finally:
