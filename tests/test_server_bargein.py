@@ -120,7 +120,10 @@ async def test_barge_in_cancels_answer_then_truncate_and_cancel(live_server, spe
         # the spoken question got its own turn and answer; cancel that answer while it is in flight
         await talker
         completed = await rt.until("conversation.item.input_audio_transcription.completed", since=i_started)
-        assert "sky" in completed["transcript"].lower(), completed
+        # Piper samples its voice with noise, so the spoken question differs run to run and Whisper tiny.en
+        # sometimes hears "the sky" as "this guy": check the turn was transcribed, not tiny.en's ear
+        heard = completed["transcript"].lower()
+        assert any(word in heard for word in ("sky", "color", "clear day")), completed
         created2 = await rt.until("response.created", since=i_started)
         r2 = created2["response"]["id"]
         await rt.until("response.output_audio.delta", lambda e: e["response_id"] == r2, since=i_started)
