@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from omni_rt.core.config import ConfigError, PipelineConfig, StageConfig, import_string, resolve_callable
+from omni_rt.core.config import ConfigError, PipelineConfig, StageConfig, resolve_callable
 from omni_rt.core.stage import Routing, Stage
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 
 from omni_rt.audio.formats import InputDecoder, OutputEncoder
 from omni_rt.audio.pcm import pcm16_to_float
@@ -59,7 +58,6 @@ class Response:
     first_audio: float | None = None
     audio_bytes: int = 0
     usage: dict[str, Any] = field(default_factory=dict)
-    cancelled_at: float | None = None
     # a held response was started from a speculative transcript during the end-of-turn silence; its events
     # wait here until the turn really ends with the same transcript (then they are released) or are dropped
     held: bool = False
@@ -70,10 +68,14 @@ class Response:
 
 
 class RealtimeSession:
-    def __init__(self, runtime: "Runtime", model: str | None = None, beta: bool = False) -> None:
+    def __init__(self, runtime: "Runtime", model: str | None = None, beta: bool = False,
+                 session: dict[str, Any] | None = None) -> None:
+        """``session``: an initial ``session.update`` payload (the Twilio bridge fixes μ-law in and out)."""
         self.runtime = runtime
         self.id = new_id("sess")
         self.config = SessionConfig(model=model or runtime.model_name, beta_events=beta)
+        if session is not None:
+            self.config.update(session)
         self.conversation = Conversation()
         self.outgoing: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.response: Response | None = None
@@ -469,7 +471,6 @@ class RealtimeSession:
         if resp is None or resp.status != "in_progress":
             return
         resp.status, resp.status_reason = "cancelled", reason
-        resp.cancelled_at = time.perf_counter()
         self.runtime.coordinator.abort(resp.id)
         self._purge_audio(resp.id)
 

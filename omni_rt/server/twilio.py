@@ -119,11 +119,8 @@ class TwilioCall:
 async def twilio_endpoint(ws: WebSocket, runtime: Any) -> None:
     from omni_rt.server.app import serve_session
 
-    session = RealtimeSession(runtime, model="twilio")
-    session.config.update({"audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}}})
-    from omni_rt.audio.formats import InputDecoder
-
-    session.decoder = InputDecoder("audio/pcmu", target_rate=16000)
+    session = RealtimeSession(runtime, model="twilio", session={
+        "audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}}})
     call = TwilioCall(session)
     session.twilio = call  # type: ignore[attr-defined]
 

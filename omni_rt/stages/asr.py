@@ -65,7 +65,6 @@ class AsrState:
     chunks: list[np.ndarray] = field(default_factory=list)  # audio of the current turn (or uncommitted buffer)
     samples: int = 0
     stream_samples: int = 0  # all samples ever appended (for audio_*_ms offsets)
-    turn_start_sample: int = 0
     last_partial_samples: int = 0
     speculative: str | None = None  # text decoded in the silence for the current epoch
     spec_pending: bool = False  # a speculative decode for the current epoch is in flight
@@ -156,7 +155,6 @@ class AsrSessionScheduler(SessionScheduler):
         keep = int(keep_ms * SAMPLE_RATE / 1000)
         st.chunks = [audio[-keep:]] if keep and audio.size else []
         st.samples = sum(c.size for c in st.chunks)
-        st.turn_start_sample = st.stream_samples - st.samples
         st.last_partial_samples = 0
         st.speculative = None
         st.spec_pending = False
