@@ -549,7 +549,7 @@ def variant_preset(base: str, variant: str, tmp: Path) -> str:
         return base  # the base pipeline (streaming), or a server flag rather than a pipeline change
     import yaml
 
-    from models.presets import PRESET_DIR
+    from omni_rt.presets import PRESET_DIR
 
     path = Path(base) if Path(base).suffix else PRESET_DIR / f"{base}.yaml"
     data = derive_variant(yaml.safe_load(path.read_text()), variant)

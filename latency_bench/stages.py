@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from latency_bench import report
+from omni_rt.stages.contracts import Clause, SpeechStopped, TranscriptFinal
 
 UTTERANCE = "What is the capital of France, and what is it famous for?"
 FOLLOW_UP = "And how many people live there?"
@@ -77,26 +78,26 @@ def measure_asr(asr_args: dict[str, Any], audio16: np.ndarray, repeats: int) -> 
                             msg = sched.outbox.get_nowait()
                         except queue.Empty:
                             break
-                        ev = msg.data if msg.type == "event" else {}
-                        if ev.get("type") == "speech_stopped":
+                        ev = msg.data if msg.type == "event" else None
+                        if isinstance(ev, SpeechStopped):
                             t_stop = time.perf_counter()
-                        elif ev.get("type") == "transcript.final":
+                        elif isinstance(ev, TranscriptFinal):
                             got = ((time.perf_counter() - (t_stop or time.perf_counter())) * 1000, ev)
                 deadline = time.perf_counter() + 10
                 while got is None and time.perf_counter() < deadline:
                     msg = sched.outbox.get(timeout=10)
-                    ev = msg.data if msg.type == "event" else {}
-                    if ev.get("type") == "speech_stopped":
+                    ev = msg.data if msg.type == "event" else None
+                    if isinstance(ev, SpeechStopped):
                         t_stop = time.perf_counter()
-                    elif ev.get("type") == "transcript.final":
+                    elif isinstance(ev, TranscriptFinal):
                         got = ((time.perf_counter() - (t_stop or time.perf_counter())) * 1000, ev)
                 sched.abort(sid)
                 if got is None:
                     raise RuntimeError(f"ASR ({label}): no final transcript for the test utterance")
                 finals.append(got[0])
-                if got[1]["asr_ms"]:
-                    decodes.append(float(got[1]["asr_ms"]))
-                text = got[1]["text"]
+                if got[1].asr_ms:
+                    decodes.append(float(got[1].asr_ms))
+                text = got[1].text
             if label == "speculative":
                 rows.append(_row("ASR final after speech_stopped (decode started in the silence)", finals,
                                  f"decode starts at {after_ms} ms of silence, on a worker; turn ends at 500 ms"))
@@ -136,8 +137,8 @@ class Thinker:
             if msg.type == "error":
                 raise RuntimeError(f"thinker: {msg.data}")
             if msg.type == "stream":
-                delta = msg.data.get("text", "")
-                out["tokens"] += len(msg.data.get("token_ids") or []) or 1
+                delta = msg.data.text
+                out["tokens"] += len(msg.data.token_ids) or 1
                 if delta and t_first is None:
                     t_first = now
                     out["first_token_ms"] = (now - t0) * 1000
@@ -163,7 +164,7 @@ class Thinker:
 
 
 def measure_thinker(args: dict[str, Any], transcript: str, repeats: int) -> tuple[list[dict[str, Any]], str]:
-    from omni_rt.server.protocol import SessionConfig
+    from omni_rt.realtime.session_config import SessionConfig
 
     system = {"role": "system", "content": SessionConfig().instructions}
     th = Thinker(args)
@@ -236,7 +237,7 @@ def measure_talker_vocoder(clause: str, voc_args: dict[str, Any], repeats: int, 
         orig = voc.emit
         voc.emit = lambda *a, **k: (stamps.append(time.perf_counter()), orig(*a, **k))  # type: ignore[method-assign]
         t0 = time.perf_counter()
-        voc.on_stream_chunk(f"v{r}", StreamState(), {"audio": audio, "sample_rate": tts.sample_rate, "text": clause}, "talker")
+        voc.on_stream_chunk(f"v{r}", StreamState(), Clause(clause, audio, tts.sample_rate), "talker")
         voc.emit = orig  # type: ignore[method-assign]
         while not voc.outbox.empty():
             voc.outbox.get_nowait()
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from models.presets import load_preset
+    from omni_rt.presets import load_preset
     from omni_rt.audio.pcm import resample
     from omni_rt.backends.tts_piper import PiperTTS
 

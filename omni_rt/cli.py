@@ -1,4 +1,5 @@
-"""``omni-rt`` command line: ``serve`` (the realtime server), ``prepare`` (cache weights), ``bench``."""
+"""``omni-rt`` command line: ``serve`` (the realtime server) and ``prepare`` (cache weights). Benchmarks are
+``python -m latency_bench`` from a checkout."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
 
     if args.command == "prepare":
-        from models.prepare import prepare
+        from omni_rt.prepare import prepare
 
         prepare(args.preset)
         return 0

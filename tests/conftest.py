@@ -29,9 +29,14 @@ class LiveServer:
     ws_url: str
     proc: subprocess.Popen
     log_path: Path
+    api_key: str | None = None
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def state(self) -> dict:
-        return httpx.get(f"{self.http_url}/debug/state", timeout=10).json()
+        return httpx.get(f"{self.http_url}/debug/state", headers=self.auth_headers, timeout=10).json()
 
     def wait_idle(self, timeout: float = 15.0) -> dict:
         """Poll until the runtime holds no per-request state (sessions closed, answers finished)."""
@@ -60,7 +65,8 @@ def start_server(tmp_dir: Path, *extra: str, env: dict | None = None) -> LiveSer
             raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
         try:
             if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return LiveServer(url, f"ws://127.0.0.1:{port}", proc, log_path)
+                key = extra[extra.index("--api-key") + 1] if "--api-key" in extra else None
+                return LiveServer(url, f"ws://127.0.0.1:{port}", proc, log_path, key)
         except httpx.HTTPError:
             pass
         time.sleep(0.25)

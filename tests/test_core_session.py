@@ -52,13 +52,13 @@ async def test_open_append_commit_close():
         assert "dance" in lis.of("error")[0]["message"]
         coord.append("s1", "asr", b"z")
         assert await poll_until(lambda: lis.of("appended")[-1]["size"] == 1)
-        coord.close_session("s1", "asr")
+        coord.close_session("s1")
         assert await poll_until(lambda: coord.live_total() == 0), coord.live_state()
         # the id can be opened again
         lis2 = Listener()
         coord.open_session("s1", "asr", {}, lis2)
         assert await poll_until(lambda: "session.opened" in lis2.types())
-        coord.close_session("s1", "asr")
+        coord.close_session("s1")
         assert await poll_until(lambda: coord.live_total() == 0), coord.live_state()
 
 
@@ -76,14 +76,14 @@ async def test_max_sessions_limit():
         coord.append("c", "asr", b"x")
         assert await poll_until(lambda: len(ls["c"].of("error")) == 2)
         assert ls["c"].of("error")[1]["code"] == "session_not_found"
-        coord.close_session("c", "asr")
-        coord.close_session("a", "asr")
+        coord.close_session("c")
+        coord.close_session("a")
         # a slot is free again
         ls["d"] = Listener()
         coord.open_session("d", "asr", {}, ls["d"])
         assert await poll_until(lambda: "session.opened" in ls["d"].types())
         for sid in ("b", "d"):
-            coord.close_session(sid, "asr")
+            coord.close_session(sid)
         assert await poll_until(lambda: coord.live_total() == 0), coord.live_state()
 
 
@@ -104,7 +104,7 @@ async def test_buffer_full_rejects_append_and_session_lives_on():
         coord.append("s", "asr", b"abcdef")
         assert await poll_until(lambda: len(lis.of("appended")) == 3)
         assert len(lis.of("error")) == 1
-        coord.close_session("s", "asr")
+        coord.close_session("s")
         assert await poll_until(lambda: coord.live_total() == 0), coord.live_state()
 
 
@@ -128,8 +128,8 @@ async def test_idle_timeout_expires_session():
         coord.append("idle", "asr", b"x")
         assert await poll_until(lambda: lis.of("error"))
         assert lis.of("error")[0]["code"] == "session_not_found"
-        coord.close_session("idle", "asr")
-        coord.close_session("busy", "asr")
+        coord.close_session("idle")
+        coord.close_session("busy")
         assert await poll_until(lambda: coord.live_total() == 0), coord.live_state()
 
 

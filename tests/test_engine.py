@@ -89,7 +89,7 @@ def test_batched_greedy_matches_one_at_a_time(tiny, reference, arch, async_decod
             assert res["error"] is None
             want = reference(arch, PROMPTS[i], MAX_TOKENS[i])
             assert res["result"]["token_ids"] == want, f"r{i}"
-            assert [t for c in res["stream"] for t in c["token_ids"]] == want
+            assert [t for c in res["stream"] for t in c.token_ids] == want
             assert res["result"]["finish_reason"] == ("length" if len(want) == MAX_TOKENS[i] else "stop")
             assert res["result"]["prompt_tokens"] == len(PROMPTS[i])
             assert res["result"]["prefilled_tokens"] == len(PROMPTS[i])
@@ -374,9 +374,9 @@ def test_smollm2_thinker_answers_paris(smollm2_dir):
         res = out["q1"]["result"]
         assert "Paris" in res["text"], res
         assert res["finish_reason"] == "stop"
-        assert "".join(c["text"] for c in out["q1"]["stream"]) == res["text"]
+        assert "".join(c.text for c in out["q1"]["stream"]) == res["text"]
         assert out["q1tok"]["result"]["text"] == "" and len(out["q1tok"]["result"]["token_ids"]) == 4
-        assert all(c["text"] == "" for c in out["q1tok"]["stream"])
+        assert all(c.text == "" for c in out["q1tok"]["stream"])
 
         # next turn: only the new part of the conversation is prefilled
         msgs2 = msgs + [{"role": "assistant", "content": res["text"]}, {"role": "user", "content": "And Germany?"}]

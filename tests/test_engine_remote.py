@@ -59,7 +59,7 @@ def test_remote_streams_chat_like_local(remote, local):
     assert got["error"] is None, got["error"]
     res = got["result"]
     assert len(got["stream"]) >= 12  # streamed token by token, not in one piece
-    assert "".join(c["text"] for c in got["stream"]) == res["text"] == want["result"]["text"]
+    assert "".join(c.text for c in got["stream"]) == res["text"] == want["result"]["text"]
     assert res["token_ids"] == want["result"]["token_ids"]
     assert res["finish_reason"] == "length"
     assert res["prompt_tokens"] == want["result"]["prompt_tokens"] and res["completion_tokens"] == 12

@@ -10,7 +10,8 @@ import pytest
 import torch
 import yaml
 
-from models.presets import PRESET_DIR, load_preset
+from omni_rt.presets import PRESET_DIR, load_preset
+from omni_rt.stages.contracts import TranscriptFinal
 from omni_rt.core.config import PipelineConfig
 from omni_rt.core.coordinator import Coordinator, ResultItem, StreamItem
 
@@ -85,10 +86,10 @@ async def test_gpu_preset_paths_on_cpu(tiny_models, speech_samples):
         import asyncio
 
         async with asyncio.timeout(60):
-            while not any(e.get("type") == "transcript.final" for e in events):
-                assert not [e for e in events if e.get("type") == "error"], events
+            while not any(isinstance(e, TranscriptFinal) for e in events):
+                assert not [e for e in events if isinstance(e, dict) and e.get("type") == "error"], events
                 await asyncio.sleep(0.05)
-        coord.close_session("s1", "asr")
+        coord.close_session("s1")
 
         # response: random thinker (fixed length) -> codec talker -> SNAC vocoder, streamed
         payload = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 16, "ignore_eos": True,
@@ -97,9 +98,9 @@ async def test_gpu_preset_paths_on_cpu(tiny_models, speech_samples):
         async with asyncio.timeout(120):
             async for item in coord.stream("r1", payload, entry="thinker"):
                 if isinstance(item, StreamItem) and item.stage == "thinker":
-                    text.append(item.data["text"])
+                    text.append(item.data.text)
                 elif isinstance(item, StreamItem) and item.stage == "vocoder":
-                    audio_chunks.append(np.frombuffer(item.data["pcm"], dtype=np.int16))
+                    audio_chunks.append(np.frombuffer(item.data.pcm, dtype=np.int16))
                 elif isinstance(item, ResultItem):
                     result = item.data
         assert result is not None and result["completion_tokens"] == 16

@@ -82,7 +82,10 @@ async def test_auth(limited_server):
             await expect_session(ws)
         async with ws_connect(f"{url}?token={KEY}&model=gpt-realtime") as ws:
             await expect_session(ws)
-    metrics = (await asyncio.to_thread(httpx.get, f"{limited_server.http_url}/metrics", timeout=10)).text
+    refused = await asyncio.to_thread(httpx.get, f"{limited_server.http_url}/metrics", timeout=10)
+    assert refused.status_code == 401, refused.text  # metrics are behind the key when one is set
+    metrics = (await asyncio.to_thread(httpx.get, f"{limited_server.http_url}/metrics", headers=limited_server.auth_headers,
+                                       timeout=10)).text
     assert 'omni_rt_connections_total{outcome="refused_auth",surface="realtime"} 3.0' in metrics, metrics
 
 

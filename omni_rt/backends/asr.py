@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
-SAMPLE_RATE = 16000
+from omni_rt.audio import PIPELINE_INPUT_RATE
+
+SAMPLE_RATE = PIPELINE_INPUT_RATE
 _MAX_SAMPLES = 30 * SAMPLE_RATE
 _MIN_SAMPLES = SAMPLE_RATE // 10  # 100 ms: shorter input cannot hold a word
 

@@ -83,6 +83,26 @@ class StageConfig(BaseModel):
         return value
 
 
+class PipelineRoles(BaseModel):
+    """Which stage plays which part for a realtime session: the server reads these, never stage names.
+
+    ``audio_in`` is the session stage that takes the client's audio (VAD + ASR); ``response`` is where an answer
+    enters (default: ``entry``); ``text``, ``clauses`` and ``audio`` name the stages whose streams carry the
+    answer's text, its spoken clauses (text + duration, for truncation) and its output audio.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    audio_in: str | None = None
+    response: str | None = None
+    text: str | None = None
+    clauses: str | None = None
+    audio: str | None = None
+
+
+STREAM_ROLES = ("text", "clauses", "audio")
+
+
 class PipelineConfig(BaseModel):
     """A whole pipeline. ``entry`` is the default stage a new request enters at."""
 
@@ -91,6 +111,7 @@ class PipelineConfig(BaseModel):
     name: str = "pipeline"
     entry: str
     stages: list[StageConfig]
+    roles: PipelineRoles = Field(default_factory=PipelineRoles)
 
     @model_validator(mode="after")
     def _check_graph(self) -> "PipelineConfig":
@@ -151,6 +172,15 @@ def validate_graph(cfg: PipelineConfig) -> None:
             raise ConfigError(st.name, "merge_fn", "fan-in (`wait_for`) needs a merge_fn")
         if st.wait_for_fn and not st.wait_for:
             raise ConfigError(st.name, "wait_for_fn", "wait_for_fn needs a static `wait_for` to pick from")
+    for role, target in cfg.roles.model_dump().items():
+        if target is None:
+            continue
+        if target not in by_name:
+            raise ConfigError(target, f"roles.{role}", f"role '{role}' names unknown stage '{target}'; stages: {names}")
+        st = by_name[target]
+        if role in STREAM_ROLES and not (st.client_stream or st.terminal):
+            raise ConfigError(target, "client_stream", f"stage plays role '{role}': its stream must reach the client "
+                              "(set client_stream: true)")
     # every stage reachable from the entry must be able to reach a terminal (a cycle without one never ends)
     reaches_terminal = {s.name for s in cfg.stages if s.terminal}
     changed = True

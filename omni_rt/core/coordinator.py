@@ -115,15 +115,16 @@ class Coordinator:
             self.stages[st.name] = Stage(st.name, sched, routing)
         for st in config.stages:
             for target in st.stream_to:
-                if not getattr(self.stages[target].scheduler, "accepts_streams", False):
+                if not self.stages[target].scheduler.accepts_streams:
                     raise ConfigError(
                         st.name, "stream_to", f"target '{target}' cannot accept streams (its scheduler has no stream hooks)"
                     )
             if stream_sources[st.name]:
-                self.stages[st.name].scheduler.stream_sources = stream_sources[st.name]
+                self.stages[st.name].scheduler.set_stream_sources(stream_sources[st.name])
         for stage in self.stages.values():
             stage.coordinator = self
             stage.peers = self.stages
+        self.roles = config.roles.model_copy(update={"response": config.roles.response or config.entry})
         self._requests: dict[str, _Request] = {}
         self._listeners: dict[str, EventListener] = {}
         self._ids = itertools.count()
@@ -249,9 +250,10 @@ class Coordinator:
     def append(self, session_id: str, stage: str, data: Any) -> None:
         self.stages[stage].deliver_stream(session_id, data, "client")
 
-    def close_session(self, session_id: str, stage: str) -> None:
+    def close_session(self, session_id: str) -> None:
         """Close the session: no more events reach its listener, and every stage drops what it keeps under
-        the session id (the session stage's state, a thinker's per-session prefix cache)."""
+        the session id (the session stage's state, a thinker's per-session prefix cache). Its own message,
+        not an abort: session ids and request ids are separate namespaces."""
         self._listeners.pop(session_id, None)
         for st in self.stages.values():
-            st.abort(session_id)
+            st.close_session(session_id)

@@ -9,13 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-IncomingType = Literal["new_request", "stream_chunk", "stream_done", "abort"]
+IncomingType = Literal["new_request", "stream_chunk", "stream_done", "abort", "session_close"]
 OutgoingType = Literal["result", "stream", "error", "event"]
 
 
 @dataclass(slots=True)
 class IncomingMessage:
-    """Shell -> scheduler. ``source`` names the upstream stage for stream chunks / stream_done."""
+    """Shell -> scheduler. ``source`` names the upstream stage for stream chunks / stream_done.
+
+    ``session_close`` (request_id = a session id) is sent only to schedulers that keep per-session state.
+    """
 
     request_id: str
     type: IncomingType

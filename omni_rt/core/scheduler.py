@@ -32,19 +32,34 @@ class Outbox(queue.Queue):
 
 @runtime_checkable
 class Scheduler(Protocol):
-    """What a stage shell needs from any scheduler; the shell never looks further than this."""
+    """Everything a stage shell or the coordinator uses of a scheduler; nobody looks further than this."""
 
     inbox: "queue.Queue[IncomingMessage]"
     outbox: Outbox
+    accepts_streams: bool  # takes stream_chunk / stream_done (may be a `stream_to` target)
 
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
 
-    def abort(self, request_id: str) -> None: ...
+    def abort(self, request_id: str) -> None:
+        """Drop a request's queued work and state."""
+        ...
+
+    def close_session(self, session_id: str) -> None:
+        """A session ended: drop what is kept under its id across requests (session state, cached prefixes)."""
+        ...
+
+    def set_stream_sources(self, sources: list[str]) -> None:
+        """The stages that stream into this one (compiled from the config), each ending with stream_done."""
+        ...
 
     def live_state(self) -> int:
         """Count of per-request (or per-session) entries the scheduler still holds; 0 when idle."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Counters for /metrics and benchmarks (monotonic unless reset)."""
         ...
 
 
@@ -56,6 +71,7 @@ class ThreadedScheduler:
     """
 
     name: str = "scheduler"
+    accepts_streams = False
 
     def __init__(self) -> None:
         self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
@@ -84,8 +100,17 @@ class ThreadedScheduler:
     def abort(self, request_id: str) -> None:
         self.inbox.put(IncomingMessage(request_id=request_id, type="abort"))
 
+    def close_session(self, session_id: str) -> None:
+        """Default: nothing is kept per session. Schedulers that keep some override this."""
+
+    def set_stream_sources(self, sources: list[str]) -> None:
+        self.stream_sources = list(sources)
+
     def live_state(self) -> int:
         return 0
+
+    def stats(self) -> dict[str, float]:
+        return {}
 
     def _guarded_loop(self) -> None:
         self.run_loop()

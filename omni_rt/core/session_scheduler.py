@@ -79,6 +79,9 @@ class SessionScheduler(ThreadedScheduler):
     idle_tick_s = 0.05
 
     # ---- machinery ---------------------------------------------------------------------------------
+    def close_session(self, session_id: str) -> None:
+        self.inbox.put(IncomingMessage(session_id, "session_close"))
+
     def live_state(self) -> int:
         return len(self.sessions)
 
@@ -118,7 +121,7 @@ class SessionScheduler(ThreadedScheduler):
 
     def _handle(self, msg: IncomingMessage) -> None:
         sid = msg.request_id
-        if msg.type == "abort":
+        if msg.type in ("abort", "session_close"):
             if msg.data == "__stop__":
                 return
             sess = self.sessions.pop(sid, None)

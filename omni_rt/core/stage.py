@@ -141,6 +141,12 @@ class Stage:
         self.stream_buffer.pop(request_id, None)
         self.scheduler.abort(request_id)
 
+    def close_session(self, session_id: str) -> None:
+        """The session ended: the shell forgets it, the scheduler drops its per-session state."""
+        self.active.discard(session_id)
+        self.stream_buffer.pop(session_id, None)
+        self.scheduler.close_session(session_id)
+
     def forget_abort(self, request_id: str) -> None:
         """Allow a request id to be reused (session ids are reopened by reconnecting clients)."""
         self.aborted.pop(request_id, None)

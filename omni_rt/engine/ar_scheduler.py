@@ -32,6 +32,7 @@ from omni_rt.engine.request import parse_request
 from omni_rt.engine.sampling import make_generator
 from omni_rt.engine.sequence import Sequence
 from omni_rt.engine.torch_engine import TorchEngine
+from omni_rt.stages.contracts import TextDelta
 
 log = logging.getLogger(__name__)
 
@@ -189,21 +190,22 @@ class ARScheduler(ThreadedScheduler):
             self._waiting.append(seq)
         elif msg.type == "abort":
             seq = self._live.get(rid)
-            if seq is None:
-                # a closed session is aborted by its id: forget the KV kept for its next turn
-                self.prefix_store.drop(rid)
-                return
-            if seq.finished:
+            if seq is None or seq.finished:
                 return
             seq.finish_reason = "abort"
             if seq in self._waiting:
                 self._waiting.remove(seq)
                 del self._live[rid]
             self.emit(rid, "result", seq.result())  # a running one frees its slot at the next reap
+        elif msg.type == "session_close":
+            self.prefix_store.drop(rid)  # forget the KV kept for the session's next turn
         else:
             self.emit_error(
                 rid, f"{msg.type} is not accepted: send the whole prompt as new_request", code="unsupported"
             )
+
+    def close_session(self, session_id: str) -> None:
+        self.inbox.put(IncomingMessage(session_id, "session_close"))
 
     def _make_sequence(self, rid: str, data: Any) -> Sequence:
         req = parse_request(data, self.default_max_tokens)
@@ -298,6 +300,6 @@ class ARScheduler(ThreadedScheduler):
             self.emit_error(seq.request_id, exc, code="detokenize_error")
             return
         if text or ids:
-            self.emit(seq.request_id, "stream", {"text": text, "token_ids": ids})
+            self.emit(seq.request_id, "stream", TextDelta(text, ids))
         if seq.finished:
             self.emit(seq.request_id, "result", seq.result())

@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 
 from omni_rt.core.scheduler import ThreadedScheduler
 from omni_rt.engine.request import GenRequest, parse_request, result_payload
+from omni_rt.stages.contracts import TextDelta
 
 
 @dataclass(slots=True)
@@ -109,7 +110,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
                     chunks += 1
                     text.append(d.text)
                     ids.extend(d.token_ids)
-                    self.emit(rid, "stream", {"text": d.text, "token_ids": list(d.token_ids)})
+                    self.emit(rid, "stream", TextDelta(d.text, list(d.token_ids)))
                 finish = d.finish_reason or finish
                 usage = d.usage or usage
         except asyncio.CancelledError:

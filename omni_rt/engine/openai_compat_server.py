@@ -200,7 +200,7 @@ def create_app(scheduler: Any, *, model_name: str = "omni-rt") -> FastAPI:
                 msg = first
                 while True:
                     if msg.type == "stream":
-                        yield chunk([choice(msg.data["text"], msg.data["token_ids"], None, True)])
+                        yield chunk([choice(msg.data.text, msg.data.token_ids, None, True)])
                     elif msg.type == "result":
                         yield chunk([choice("", [], msg.data["finish_reason"], True)])
                         if include_usage:

@@ -1,4 +1,6 @@
-"""The FastAPI app: /v1/realtime, /v1/telephony/twilio, the demo page, /healthz, /metrics."""
+"""The FastAPI app: routes (/v1/realtime, /v1/telephony/twilio, the demo page, /healthz, /metrics,
+/debug/state), admission (auth, origin, capacity) and shutdown. Sessions live in ``omni_rt.session``; the
+socket handling in ``omni_rt.transports``."""
 
 from __future__ import annotations
 
@@ -6,37 +8,38 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from omni_rt.server.realtime import RealtimeSession
+from omni_rt.resources import web_dir
 from omni_rt.server.runtime import Runtime
 from omni_rt.server.settings import ServerSettings
+from omni_rt.session.core import RealtimeSession, SessionOptions
+from omni_rt.transports.runner import SessionRunner
+from omni_rt.transports.twilio import twilio_endpoint
+from omni_rt.transports.websocket import CLOSE_FULL, CLOSE_POLICY, receive_realtime, safe_reason, serve_session
 
 log = logging.getLogger("omni_rt.server")
 
-WEB_DIR = Path(__file__).resolve().parents[2] / "web"
-CLOSE_POLICY = 1008
-CLOSE_TOO_BIG = 1009
-CLOSE_FULL = 1013
-CLOSE_GOING_AWAY = 1001
+
+def presented_key(headers, query_params) -> str:
+    auth = headers.get("authorization", "")
+    return auth[7:] if auth.lower().startswith("bearer ") else query_params.get("token", "")
+
+
+def key_ok(settings: ServerSettings, key: str) -> bool:
+    return not settings.api_key or hmac.compare_digest(key.encode(), settings.api_key.encode())
 
 
 def check_access(ws: WebSocket, settings: ServerSettings) -> str | None:
-    """Return why the connection is refused (auth / origin), or None."""
+    """Return why the connection is refused (auth / origin), or None. Never echoes the client's values."""
     origin = ws.headers.get("origin")
     if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
-        return f"origin '{origin}' is not allowed"
-    if settings.api_key:
-        auth = ws.headers.get("authorization", "")
-        token = auth[7:] if auth.lower().startswith("bearer ") else ws.query_params.get("token", "")
-        if not hmac.compare_digest(token.encode(), settings.api_key.encode()):
-            return "missing or invalid API key"
+        return "origin not allowed"
+    if not key_ok(settings, presented_key(ws.headers, ws.query_params)):
+        return "missing or invalid API key"
     return None
 
 
@@ -47,30 +50,21 @@ async def admit(ws: WebSocket, runtime: Runtime, surface: str) -> bool:
     refused = check_access(ws, runtime.settings)
     if refused is not None:
         runtime.metrics.connections.labels(surface=surface, outcome="refused_auth").inc()
-        await ws.close(code=CLOSE_POLICY, reason=refused)
+        await ws.close(code=CLOSE_POLICY, reason=safe_reason(refused))
         return False
-    if len(runtime.sessions) >= runtime.settings.max_sessions:
+    if len(runtime.sessions) >= runtime.settings.max_sessions or runtime.draining:
         runtime.metrics.connections.labels(surface=surface, outcome="refused_full").inc()
-        await ws.close(code=CLOSE_FULL, reason=f"server full: {runtime.settings.max_sessions} sessions")
+        why = "server shutting down" if runtime.draining else f"server full: {runtime.settings.max_sessions} sessions"
+        await ws.close(code=CLOSE_FULL, reason=why)
         return False
     runtime.metrics.connections.labels(surface=surface, outcome="accepted").inc()
     return True
 
 
-async def pump_outgoing(ws: WebSocket, session: RealtimeSession, encode=None) -> None:
-    """Send the session's events in order; ``encode`` maps a Realtime event to the surface's messages."""
-    while True:
-        event = await session.outgoing.get()
-        if event is None:
-            return
-        messages = encode(event) if encode is not None else [event]
-        for msg in messages:
-            await ws.send_json(msg)
-
-
 def create_app(settings: ServerSettings | None = None, runtime: Runtime | None = None) -> FastAPI:
     settings = settings or ServerSettings()
     runtime = runtime or Runtime(settings)
+    web = web_dir()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -83,39 +77,49 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
     app = FastAPI(title="omni-rt", lifespan=lifespan)
     app.state.runtime = runtime
 
+    def guarded(request: Request) -> JSONResponse | None:
+        """/metrics and /debug/state need the API key when one is set."""
+        if key_ok(settings, presented_key(request.headers, request.query_params)):
+            return None
+        return JSONResponse({"error": "missing or invalid API key"}, status_code=401)
+
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
-        ok = runtime.coordinator is not None and runtime.coordinator.started
-        return JSONResponse({"status": "ok" if ok else "starting", "preset": runtime.config.name,
-                             "sessions": len(runtime.sessions)}, status_code=200 if ok else 503)
+        ok = runtime.coordinator is not None and runtime.coordinator.started and not runtime.draining
+        return JSONResponse({"status": "ok" if ok else ("draining" if runtime.draining else "starting"),
+                             "preset": runtime.config.name, "sessions": len(runtime.sessions)}, status_code=200 if ok else 503)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if (refused := guarded(request)) is not None:
+            return refused
         runtime.live_state()
         return Response(runtime.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/debug/state")
     async def debug_state(request: Request) -> JSONResponse:
         """Live per-request state of every stage (tests assert it returns to zero)."""
+        if (refused := guarded(request)) is not None:
+            return refused
         return JSONResponse({"live": runtime.live_state(), "total": runtime.coordinator.live_total(),
                              "sessions": len(runtime.sessions)})
 
     @app.get("/")
     async def index() -> FileResponse:
-        return FileResponse(WEB_DIR / "index.html")
+        return FileResponse(web / "index.html")
 
-    if WEB_DIR.exists():
-        app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+    app.mount("/static", StaticFiles(directory=web), name="static")
 
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket) -> None:
         if not await admit(ws, runtime, "realtime"):
             return
         beta = ws.query_params.get("beta") in ("1", "true") or "realtime=v1" in ws.headers.get("openai-beta", "")
-        session = RealtimeSession(runtime, model=ws.query_params.get("model"), beta=beta)
-        await serve_session(ws, runtime, session, receive_realtime)
-
-    from omni_rt.server.twilio import twilio_endpoint
+        model = ws.query_params.get("model")
+        options = SessionOptions(model_name=model[:64] if model else runtime.model_name,
+                                 speculative_responses=settings.speculative_responses, beta_events=beta)
+        runner = SessionRunner(runtime, RealtimeSession(options, runtime.session_limits()))
+        await serve_session(ws, runtime, runner, receive_realtime)
 
     @app.websocket("/v1/telephony/twilio")
     async def twilio(ws: WebSocket) -> None:
@@ -126,58 +130,13 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
     return app
 
 
-async def receive_realtime(ws: WebSocket, session: RealtimeSession) -> None:
-    settings = session.runtime.settings
-    while True:
-        msg = await asyncio.wait_for(ws.receive(), timeout=settings.idle_timeout_s)
-        if msg["type"] == "websocket.disconnect":
-            raise WebSocketDisconnect(msg.get("code", 1000))
-        data = msg.get("text") if msg.get("text") is not None else msg.get("bytes")
-        if data is not None:
-            session.handle_text(data)
-
-
-async def serve_session(ws: WebSocket, runtime: Runtime, session: Any, receive, encode=None) -> None:
-    """Run one session until the client leaves, idles out, or the server shuts down; then free it all."""
-    runtime.sessions.add(session)
-    session.open()
-    sender = asyncio.create_task(pump_outgoing(ws, session, encode))
-    close_code, reason = 1000, ""
-    try:
-        receiver = asyncio.create_task(receive(ws, session))
-        # the receiver may finish (client gone) in the same loop turn the sender does: retrieve its
-        # exception always, or asyncio logs "Task exception was never retrieved" for every dropped client
-        receiver.add_done_callback(lambda t: t.cancelled() or t.exception())
-        done, _ = await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
-        if receiver in done:
-            exc = receiver.exception()
-            if isinstance(exc, asyncio.TimeoutError):
-                close_code, reason = 1000, "idle timeout"
-            elif exc is not None and not isinstance(exc, WebSocketDisconnect):
-                log.warning("session %s receive failed: %r", session.id, exc)
-                close_code, reason = 1011, "internal error"
-        receiver.cancel()
-    except asyncio.CancelledError:
-        close_code, reason = CLOSE_GOING_AWAY, "server shutting down"
-        raise
-    finally:
-        await session.close()
-        runtime.sessions.discard(session)
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(sender, timeout=1.0)
-        sender.cancel()
-        if ws.client_state == WebSocketState.CONNECTED and ws.application_state == WebSocketState.CONNECTED:
-            with contextlib.suppress(Exception):
-                await ws.close(code=close_code, reason=reason)
-
-
 async def shutdown(runtime: Runtime) -> None:
-    """Drain: give open answers a grace period, then cancel them and close sessions, then stop stages."""
-    deadline = asyncio.get_running_loop().time() + runtime.settings.shutdown_grace_s
-    while any(getattr(s, "response", None) is not None for s in runtime.sessions):
-        if asyncio.get_running_loop().time() > deadline:
-            break
+    """Drain: stop admitting, give open answers the grace period, then cancel the rest and close sessions."""
+    runtime.draining = True
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + runtime.settings.shutdown_grace_s
+    while any(r.session.response is not None for r in runtime.sessions) and loop.time() < deadline:
         await asyncio.sleep(0.05)
-    for session in list(runtime.sessions):
-        await session.close("server_shutdown")
+    for runner in list(runtime.sessions):
+        await runner.close()
     await runtime.stop()

@@ -6,11 +6,13 @@ import logging
 import time
 from typing import Any
 
-from models.presets import load_preset
-from omni_rt.core.config import PipelineConfig
+from omni_rt.presets import load_preset
+from omni_rt.audio import PIPELINE_INPUT_RATE
+from omni_rt.core.config import ConfigError, PipelineConfig
 from omni_rt.core.coordinator import Coordinator
 from omni_rt.server.metrics import Metrics
 from omni_rt.server.settings import ServerSettings
+from omni_rt.session.core import SessionLimits
 
 log = logging.getLogger("omni_rt.runtime")
 
@@ -18,15 +20,22 @@ log = logging.getLogger("omni_rt.runtime")
 class Runtime:
     def __init__(self, settings: ServerSettings, config: PipelineConfig | None = None) -> None:
         self.settings = settings
-        overrides = {"asr": {"max_sessions": settings.max_sessions,
-                             "max_buffered_bytes": int(settings.max_buffered_audio_s * 16000 * 2)}}
-        self.config = config or load_preset(settings.preset, overrides)
+        self.config = config or load_preset(settings.preset)
+        audio_in = self.config.roles.audio_in
+        for role in ("audio_in", "text"):
+            if getattr(self.config.roles, role) is None:
+                raise ConfigError(self.config.name, f"roles.{role}", "a realtime server needs this role "
+                                  "(e.g. roles: {audio_in: asr, text: thinker, clauses: talker, audio: vocoder})")
+        if audio_in is not None and config is None:  # the session stage's limits follow the server's
+            self.config.stage(audio_in).args.update(max_sessions=settings.max_sessions,
+                                                    max_buffered_bytes=int(settings.max_buffered_audio_s * PIPELINE_INPUT_RATE * 2))
         self.metrics = Metrics()
         self.model_name = f"omni-rt-{self.config.name}"
         self.max_response_tokens = settings.max_response_tokens
         self.speculative_responses = settings.speculative_responses
         self.coordinator: Coordinator | None = None  # type: ignore[assignment]
-        self.sessions: set[Any] = set()
+        self.sessions: set[Any] = set()  # SessionRunner of every open connection
+        self.draining = False  # shutting down: no new sessions
 
     async def start(self) -> None:
         t0 = time.perf_counter()
@@ -37,6 +46,10 @@ class Runtime:
     async def stop(self) -> None:
         if self.coordinator is not None:
             await self.coordinator.stop()
+
+    def session_limits(self) -> SessionLimits:
+        return SessionLimits(max_response_tokens=self.settings.max_response_tokens,
+                             max_outgoing_bytes=self.settings.max_outgoing_bytes)
 
     def live_state(self) -> dict[str, Any]:
         state = self.coordinator.live_state()

@@ -13,8 +13,9 @@ session tells a decode that is still valid from one made stale by new speech.
 
 Session ops (``new_request`` data ``op``): ``open`` (params below), ``update`` (new params), ``commit``
 (end the turn now: manual turn taking), ``clear`` (drop buffered audio). Appends are float32 16 kHz arrays.
-Events out: ``speech_started``, ``speech_stopped``, ``committed``, ``cleared``, ``transcript.delta``,
-``transcript.final``.
+Events out (``omni_rt.stages.contracts``, each tagged with its turn number): ``SpeechStarted``,
+``SpeechStopped``, ``Committed``, ``Cleared``, ``TranscriptPartial``, ``TranscriptSpeculative``,
+``SpeculationCancelled``, ``TranscriptFinal``.
 """
 
 from __future__ import annotations
@@ -26,10 +27,22 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from omni_rt.audio import PIPELINE_INPUT_RATE
+
 from omni_rt.core.messages import IncomingMessage
 from omni_rt.core.session_scheduler import Session, SessionLimitError, SessionScheduler
+from omni_rt.stages.contracts import (
+    Cleared,
+    Committed,
+    SpeculationCancelled,
+    SpeechStarted,
+    SpeechStopped,
+    TranscriptFinal,
+    TranscriptPartial,
+    TranscriptSpeculative,
+)
 
-SAMPLE_RATE = 16000
+SAMPLE_RATE = PIPELINE_INPUT_RATE
 
 
 class Transcriber(Protocol):
@@ -183,7 +196,7 @@ class AsrSessionScheduler(SessionScheduler):
                     "input_audio_buffer_commit_empty", "buffer is empty: append audio before committing"
                 )
             if st.vad.in_speech:
-                self.emit(session.session_id, "event", {"type": "speech_stopped", "audio_end_ms": self._ms(st.stream_samples)})
+                self.emit(session.session_id, "event", SpeechStopped(st.turn + 1, self._ms(st.stream_samples)))
                 st.vad.reset()
             self._finish_turn(session, st, trigger="commit")
         elif op == "_decoded":
@@ -191,7 +204,7 @@ class AsrSessionScheduler(SessionScheduler):
         elif op == "clear":
             st.vad.reset()
             self._reset_turn(session, st)
-            self.emit(session.session_id, "event", {"type": "cleared"})
+            self.emit(session.session_id, "event", Cleared(st.turn + 1))
         else:
             super().on_control(session, op, data)
 
@@ -213,9 +226,9 @@ class AsrSessionScheduler(SessionScheduler):
                 # keep prefix padding before the speech start, drop older silence
                 keep_ms = self._ms(st.stream_samples) - ev.audio_ms  # audio_ms already includes the prefix padding
                 self._reset_turn(session, st, keep_ms=max(0, keep_ms))
-                self.emit(sid, "event", {"type": "speech_started", "audio_start_ms": ev.audio_ms})
+                self.emit(sid, "event", SpeechStarted(st.turn + 1, ev.audio_ms))
             elif ev.kind == "speech_stopped":
-                self.emit(sid, "event", {"type": "speech_stopped", "audio_end_ms": ev.audio_ms})
+                self.emit(sid, "event", SpeechStopped(st.turn + 1, ev.audio_ms))
                 self._finish_turn(session, st, trigger="vad")
         if st.vad.in_speech:
             self._maybe_decode_early(session, st)
@@ -225,7 +238,7 @@ class AsrSessionScheduler(SessionScheduler):
             if st.samples > 4 * pad:
                 self._reset_turn(session, st, keep_ms=st.td.prefix_padding_ms + 100)
         if st.samples > self.max_turn_samples and st.vad.in_speech:
-            self.emit(sid, "event", {"type": "speech_stopped", "audio_end_ms": self._ms(st.stream_samples), "forced": True})
+            self.emit(sid, "event", SpeechStopped(st.turn + 1, self._ms(st.stream_samples), forced=True))
             st.vad.reset()
             self._finish_turn(session, st, trigger="max_turn")
 
@@ -239,7 +252,7 @@ class AsrSessionScheduler(SessionScheduler):
             return
         if st.speculative is not None or st.spec_pending:  # speech resumed: the guess (and what it started) is stale
             if st.speculative is not None:
-                self.emit(sid, "event", {"type": "speculative.cancelled", "turn": st.turn + 1})
+                self.emit(sid, "event", SpeculationCancelled(st.turn + 1))
             st.speculative, st.spec_pending = None, False
             st.epoch += 1
         due = st.samples - st.last_partial_samples >= self.partial_interval_samples
@@ -252,7 +265,7 @@ class AsrSessionScheduler(SessionScheduler):
         audio = self._turn_audio(st)
         st.turn += 1
         self.stats["turns"] += 1
-        self.emit(sid, "event", {"type": "committed", "turn": st.turn, "trigger": trigger, "audio_ms": self._ms(audio.size)})
+        self.emit(sid, "event", Committed(st.turn, trigger, self._ms(audio.size)))
         meta = {"turn": st.turn, "audio_ms": self._ms(audio.size), "t_end": time.perf_counter()}
         if trigger == "vad" and st.speculative is not None:
             self.stats["speculative_hits"] += 1
@@ -283,17 +296,13 @@ class AsrSessionScheduler(SessionScheduler):
             elif data["epoch"] == st.epoch:
                 st.speculative, st.spec_pending = text, False
                 # lets the session start answering in the silence; the answer is held until the turn ends
-                self.emit(sid, "event", {"type": "transcript.speculative", "turn": data["turn"], "text": text,
-                                         "asr_ms": data["asr_ms"]})
+                self.emit(sid, "event", TranscriptSpeculative(data["turn"], text, data["asr_ms"]))
         elif kind == "partial" and data["epoch"] == st.epoch and text:
-            self.emit(sid, "event", {"type": "transcript.delta", "text": text, "partial": True})
+            self.emit(sid, "event", TranscriptPartial(data["turn"], text))
 
     def _emit_final(self, sid: str, text: str, speculative: bool, asr_ms: float, turn: int, audio_ms: int, t_end: float) -> None:
-        self.emit(sid, "event", {
-            "type": "transcript.final", "turn": turn, "text": text.strip(), "speculative": speculative,
-            "asr_ms": asr_ms,  # decode time; `after_end_ms` is what the turn's end actually waited
-            "after_end_ms": round((time.perf_counter() - t_end) * 1000, 1), "audio_ms": audio_ms,
-        })
+        self.emit(sid, "event", TranscriptFinal(turn, text.strip(), speculative, asr_ms,
+                                                after_end_ms=round((time.perf_counter() - t_end) * 1000, 1), audio_ms=audio_ms))
 
 
 def create_asr_stage(

@@ -19,6 +19,7 @@ from omni_rt.backends.snac_codec import CODEBOOK_SIZE, CODES_PER_FRAME, ORPHEUS_
 from omni_rt.core.messages import IncomingMessage
 from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
 from omni_rt.stages.clauses import ClauseSplitter
+from omni_rt.stages.contracts import CodecFrames, text_of
 
 # Orpheus special tokens (Llama-3 tokenizer + 10 added specials, then audio codes at ORPHEUS_CODE_OFFSET)
 START_OF_HUMAN, END_OF_TEXT, END_OF_HUMAN = 128259, 128009, 128260
@@ -104,7 +105,7 @@ class CodecTalkerScheduler(StreamingSimpleScheduler):
         return sp
 
     def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
-        text = data.get("text", "") if isinstance(data, dict) else str(data)
+        text = text_of(data)
         self._enqueue(request_id, self._splitter(state).push(text))
 
     def on_stream_done(self, request_id: str, state: StreamState, source: str | None) -> None:
@@ -145,7 +146,7 @@ class CodecTalkerScheduler(StreamingSimpleScheduler):
             if ans is None:
                 continue  # output of an aborted answer
             if out.type == "stream":
-                self._emit_frames(rid, ans, out.data.get("token_ids", []))
+                self._emit_frames(rid, ans, out.data.token_ids)
             elif out.type == "result":
                 self.inner_owner.pop(out.request_id, None)
                 ans.running = None
@@ -169,7 +170,7 @@ class CodecTalkerScheduler(StreamingSimpleScheduler):
         position = np.arange(CODES_PER_FRAME) * CODEBOOK_SIZE
         frames = np.clip(toks - self.code_offset - position, 0, CODEBOOK_SIZE - 1)  # a code in the wrong slot is clamped
         ans.frames_sent += len(frames)
-        self.emit(request_id, "stream", {"frames": frames})
+        self.emit(request_id, "stream", CodecFrames(frames))
 
     def _maybe_finish(self, request_id: str, ans: Answer) -> None:
         if ans.complete is None or ans.running is not None or ans.queue:

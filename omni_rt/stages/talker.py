@@ -2,7 +2,7 @@
 
 Accepts the thinker's text deltas before its final payload (``can_accept_stream_before_payload``), so the
 first short clause is synthesized while the thinker is still generating the rest of the answer.
-Stream out: ``{"audio": float32 ndarray, "sample_rate": int, "text": clause}`` per clause.
+Stream in: ``TextDelta``; stream out: one ``Clause`` (text + waveform) per clause.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
 from omni_rt.stages.clauses import ClauseSplitter
+from omni_rt.stages.contracts import Clause, text_of
 
 
 class PiperTalkerScheduler(StreamingSimpleScheduler):
@@ -34,14 +35,11 @@ class PiperTalkerScheduler(StreamingSimpleScheduler):
             audio = self.tts.synthesize(clause)
             state.user["spoken"].append(clause)
             state.user["audio_samples"] += len(audio)
-            self.emit(
-                request_id, "stream",
-                {"audio": audio, "sample_rate": self.tts.sample_rate, "text": clause},
-                synth_ms=round((time.perf_counter() - t0) * 1000, 1),
-            )
+            self.emit(request_id, "stream", Clause(clause, audio, self.tts.sample_rate),
+                      synth_ms=round((time.perf_counter() - t0) * 1000, 1))
 
     def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
-        text = data.get("text", "") if isinstance(data, dict) else str(data)
+        text = text_of(data)
         if text:
             self._speak(request_id, state, self._splitter(state).push(text))
 

@@ -4,7 +4,7 @@
   stateful resampler per response (no seams between clauses) to 24 kHz PCM16.
 * ``SnacVocoderScheduler`` (GPU preset): decode SNAC codes with a sliding window as they arrive.
 
-Both stream ``{"pcm": bytes (PCM16 LE mono, 24 kHz), "samples": int}``; the session layer converts to the
+Both stream ``PcmChunk`` (PCM16 LE mono at the pipeline output rate); the session layer converts to the
 client's format (G.711 for telephony) because one response is encoded once per surface.
 """
 
@@ -15,9 +15,11 @@ from typing import Any
 import numpy as np
 
 from omni_rt.audio.pcm import StreamResampler, float_to_pcm16
+from omni_rt.audio import PIPELINE_OUTPUT_RATE
 from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
+from omni_rt.stages.contracts import Clause, CodecFrames, PcmChunk
 
-OUTPUT_RATE = 24000
+OUTPUT_RATE = PIPELINE_OUTPUT_RATE
 
 
 class PcmVocoderScheduler(StreamingSimpleScheduler):
@@ -30,14 +32,14 @@ class PcmVocoderScheduler(StreamingSimpleScheduler):
         for start in range(0, len(audio), self.chunk_samples):
             piece = audio[start : start + self.chunk_samples]
             state.user["samples"] = state.user.get("samples", 0) + len(piece)
-            self.emit(request_id, "stream", {"pcm": float_to_pcm16(piece), "samples": len(piece)})
+            self.emit(request_id, "stream", PcmChunk(float_to_pcm16(piece), len(piece)))
 
     def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
-        rate = int(data["sample_rate"])
+        clause: Clause = data
         rs = state.user.get("resampler")
         if rs is None:
-            rs = state.user["resampler"] = StreamResampler(rate, OUTPUT_RATE)
-        self._emit_audio(request_id, state, rs.process(np.asarray(data["audio"], dtype=np.float32)))
+            rs = state.user["resampler"] = StreamResampler(clause.sample_rate, OUTPUT_RATE)
+        self._emit_audio(request_id, state, rs.process(np.asarray(clause.audio, dtype=np.float32)))
 
     def on_stream_done(self, request_id: str, state: StreamState, source: str | None) -> None:
         rs = state.user.pop("resampler", None)
@@ -56,7 +58,7 @@ def create_pcm_vocoder(chunk_ms: int = 200) -> PcmVocoderScheduler:
 
 
 class SnacVocoderScheduler(StreamingSimpleScheduler):
-    """Streams SNAC codes (``{"frames": (n, 7) int array}``) to 24 kHz PCM16 with a sliding-window decoder."""
+    """Streams SNAC codes (``CodecFrames``) to 24 kHz PCM16 with a sliding-window decoder."""
 
     def __init__(self, model: Any, device: str = "cpu", window_frames: int | None = None) -> None:
         super().__init__(name="vocoder")
@@ -76,10 +78,10 @@ class SnacVocoderScheduler(StreamingSimpleScheduler):
     def _emit_audio(self, request_id: str, state: StreamState, audio: np.ndarray) -> None:
         if len(audio):
             state.user["samples"] = state.user.get("samples", 0) + len(audio)
-            self.emit(request_id, "stream", {"pcm": float_to_pcm16(audio), "samples": len(audio)})
+            self.emit(request_id, "stream", PcmChunk(float_to_pcm16(audio), len(audio)))
 
     def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
-        self._emit_audio(request_id, state, self._decoder(state).push_many(list(np.asarray(data["frames"]))))
+        self._emit_audio(request_id, state, self._decoder(state).push_many(list(np.asarray(data.frames))))
 
     def on_stream_done(self, request_id: str, state: StreamState, source: str | None) -> None:
         self._emit_audio(request_id, state, self._decoder(state).flush())

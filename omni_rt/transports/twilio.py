@@ -2,7 +2,8 @@
 
 In: ``connected``, ``start``, ``media``, ``dtmf``, ``mark``, ``stop``. Out: ``media`` (20 ms μ-law frames),
 ``mark`` (after each audio chunk, so Twilio tells us what the caller has heard), ``clear`` (barge-in).
-The bridge only translates: turns, answers and barge-in are the RealtimeSession's.
+The bridge only translates: turns, answers and barge-in are the RealtimeSession's. Twilio's messages are
+validated field by field: a wrong-typed field is logged and the message ignored, and the call goes on.
 """
 
 from __future__ import annotations
@@ -16,20 +17,37 @@ from typing import Any
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from omni_rt.server.protocol import ProtocolError
-from omni_rt.server.realtime import RealtimeSession
+from omni_rt.realtime.errors import ProtocolError
+from omni_rt.session.core import RealtimeSession, SessionOptions
+from omni_rt.transports.runner import SessionRunner
+from omni_rt.transports.websocket import serve_session
 
 log = logging.getLogger("omni_rt.twilio")
 
 FRAME_BYTES = 160  # 20 ms of μ-law at 8 kHz
 BYTES_PER_MS = 8
+MAX_DTMF_DIGITS = 64  # digits kept per call (oldest dropped)
+MAX_FIELD_CHARS = 128  # ids, track and mark names
+MAX_MEDIA_PAYLOAD_CHARS = 1 << 16  # base64 of one media frame (Twilio sends 160 bytes)
+
+
+def _str_field(obj: dict[str, Any], key: str, limit: int = MAX_FIELD_CHARS) -> str | None:
+    """A string field of a Twilio message, or None when absent / not a short string."""
+    value = obj.get(key)
+    return value if isinstance(value, str) and len(value) <= limit else None
+
+
+def _obj_field(msg: dict[str, Any], key: str) -> dict[str, Any]:
+    value = msg.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 class TwilioCall:
     """Per-call bridge state: the stream id, what has been sent and what Twilio says was played."""
 
-    def __init__(self, session: RealtimeSession) -> None:
-        self.session = session
+    def __init__(self, runner: SessionRunner) -> None:
+        self.runner = runner
+        self.session = runner.session
         self.stream_sid: str | None = None
         self.call_sid: str | None = None
         self.sent_ms: dict[str, int] = {}  # assistant item id -> ms of audio sent
@@ -72,8 +90,8 @@ class TwilioCall:
         except ProtocolError:
             return
         if item.status != "completed" or ms < item.audio_ms:
-            self.session.handle_event({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
-                                       "audio_end_ms": min(ms, item.audio_ms)})
+            self.runner.feed_event({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
+                                    "audio_end_ms": min(ms, item.audio_ms)})
 
     # ---- Twilio message -> session ---------------------------------------------------------------
     def handle(self, msg: dict[str, Any]) -> bool:
@@ -82,49 +100,54 @@ class TwilioCall:
         if event == "connected":
             return True
         if event == "start":
-            start = msg.get("start") or {}
-            self.stream_sid = msg.get("streamSid") or start.get("streamSid")
-            self.call_sid = start.get("callSid")
-            fmt = (start.get("mediaFormat") or {}).get("encoding", "audio/x-mulaw")
+            start = _obj_field(msg, "start")
+            sid = _str_field(msg, "streamSid") or _str_field(start, "streamSid")
+            if sid is None:
+                log.info("twilio: 'start' without a string streamSid; ignored")
+                return True
+            self.stream_sid = sid
+            self.call_sid = _str_field(start, "callSid")
+            fmt = _str_field(_obj_field(start, "mediaFormat"), "encoding") or "audio/x-mulaw"
             if fmt != "audio/x-mulaw":
                 log.warning("call %s: media encoding %s, expected audio/x-mulaw", self.call_sid, fmt)
             return True
         if event == "media":
-            media = msg.get("media") or {}
-            if media.get("track", "inbound") not in ("inbound", "inbound_track"):
+            media = _obj_field(msg, "media")
+            track = media.get("track", "inbound")
+            if not isinstance(track, str) or track not in ("inbound", "inbound_track"):
                 return True
-            payload = media.get("payload")
-            if self.stream_sid is None or not isinstance(payload, str):
+            payload = _str_field(media, "payload", MAX_MEDIA_PAYLOAD_CHARS)
+            if self.stream_sid is None or payload is None:
                 return True
-            self.session.handle_event({"type": "input_audio_buffer.append", "audio": payload})
+            self.runner.feed_event({"type": "input_audio_buffer.append", "audio": payload})
             return True
         if event == "mark":
-            name = (msg.get("mark") or {}).get("name", "")
+            name = _str_field(_obj_field(msg, "mark"), "name") or ""
             item_id, _, ms = name.rpartition(":")
-            if item_id and ms.isdigit():
+            if item_id and ms.isdigit() and len(ms) <= 9:
                 self.heard = (item_id, int(ms))
                 self.marks_echoed += 1
             return True
         if event == "dtmf":
-            digit = (msg.get("dtmf") or {}).get("digit")
-            if isinstance(digit, str):
+            digit = _str_field(_obj_field(msg, "dtmf"), "digit", 1)
+            if digit is not None and digit in "0123456789*#ABCD":
                 self.dtmf.append(digit)
+                del self.dtmf[:-MAX_DTMF_DIGITS]
             return True
         if event == "stop":
             return False
-        log.info("call %s: ignoring Twilio event %r", self.call_sid, event)
+        log.info("call %s: ignoring Twilio event %r", self.call_sid, event if isinstance(event, str) and len(event) < 32 else "?")
         return True
 
 
 async def twilio_endpoint(ws: WebSocket, runtime: Any) -> None:
-    from omni_rt.server.app import serve_session
-
-    session = RealtimeSession(runtime, model="twilio", session={
+    session = RealtimeSession(SessionOptions(model_name="twilio", speculative_responses=runtime.settings.speculative_responses),
+                              runtime.session_limits(), session={
         "audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}}})
-    call = TwilioCall(session)
-    session.twilio = call  # type: ignore[attr-defined]
+    runner = SessionRunner(runtime, session)
+    call = TwilioCall(runner)
 
-    async def receive(ws: WebSocket, session: RealtimeSession) -> None:
+    async def receive(ws: WebSocket, runner: SessionRunner) -> None:
         while True:
             msg = await asyncio.wait_for(ws.receive(), timeout=runtime.settings.idle_timeout_s)
             if msg["type"] == "websocket.disconnect":
@@ -132,7 +155,7 @@ async def twilio_endpoint(ws: WebSocket, runtime: Any) -> None:
             raw = msg.get("text") or msg.get("bytes")
             try:
                 data = json.loads(raw)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, RecursionError):
                 log.info("twilio: dropping a non-JSON message")
                 continue
             if not isinstance(data, dict):
@@ -143,4 +166,4 @@ async def twilio_endpoint(ws: WebSocket, runtime: Any) -> None:
             except ProtocolError as exc:
                 log.info("twilio: %s", exc.message)
 
-    await serve_session(ws, runtime, session, receive, encode=call.encode)
+    await serve_session(ws, runtime, runner, receive, encode=call.encode)

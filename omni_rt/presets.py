@@ -1,4 +1,5 @@
-"""Model presets: which weights each stage uses. A preset is a PipelineConfig file in this folder."""
+"""Model presets: which weights each stage uses. A preset is a PipelineConfig file in ``models/`` (packaged as
+``omni_rt/_presets``)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from omni_rt.core.config import PipelineConfig
+from omni_rt.resources import preset_dir
 
-PRESET_DIR = Path(__file__).resolve().parent
+PRESET_DIR = preset_dir()
 
 
 def available_presets() -> list[str]:

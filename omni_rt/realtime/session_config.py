@@ -1,74 +1,33 @@
-"""OpenAI Realtime protocol pieces that are pure data: ids, session config parsing, beta aliases, errors.
+"""The Realtime session configuration: what ``session.update`` may set, validated, and how it renders.
 
-Event shapes follow the GA models in openai-python's ``openai/types/realtime/`` (the test suite validates
-every event the server sends against ``RealtimeServerEvent``).
+Field names and shapes follow the GA models in openai-python's ``openai/types/realtime/`` (beta spellings
+accepted on input). Every refusal names its ``param``.
 """
 
 from __future__ import annotations
 
-import secrets
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_FORMATS = ("audio/pcm", "audio/pcmu", "audio/pcma")
-BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
-
-# GA name -> beta name, for clients that ask for beta events (OpenAI-Beta: realtime=v1 or ?beta=1)
-BETA_SERVER_NAMES = {
-    "response.output_audio.delta": "response.audio.delta",
-    "response.output_audio.done": "response.audio.done",
-    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
-    "response.output_audio_transcript.done": "response.audio_transcript.done",
-    "response.output_text.delta": "response.text.delta",
-    "response.output_text.done": "response.text.done",
-    "conversation.item.added": "conversation.item.created",
-}
-# beta client event names accepted on input
-BETA_CLIENT_ALIASES = {"transcription_session.update": "session.update"}
-
-
-class ProtocolError(Exception):
-    """A client event we refuse; becomes an ``error`` event, the session lives on."""
-
-    def __init__(self, code: str, message: str, param: str | None = None, type_: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
-        self.type = type_
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(10)}"
-
-
-def error_event(code: str, message: str, param: str | None = None, event_id: str | None = None,
-                type_: str = "invalid_request_error") -> dict[str, Any]:
-    return {
-        "type": "error",
-        "error": {"type": type_, "code": code, "message": message, "param": param, "event_id": event_id},
-    }
+from omni_rt.audio.formats import FORMAT_RATES, parse_audio_format
+from omni_rt.realtime.errors import ProtocolError
 
 
 def parse_format(value: Any, param: str) -> str:
     """Accept GA ``{"type": "audio/pcm", "rate": 24000}`` and beta strings (``pcm16``, ``g711_ulaw``...)."""
-    if isinstance(value, str):
-        fmt = BETA_FORMATS.get(value, value)
-        rate = 24000 if fmt == "audio/pcm" else None
-    elif isinstance(value, dict):
-        fmt = value.get("type", "audio/pcm")
-        rate = value.get("rate")
-    else:
+    if not isinstance(value, (str, dict)):
         raise ProtocolError("invalid_value", f"{param} must be an object like {{'type': 'audio/pcm', 'rate': 24000}}", param)
-    if fmt not in SUPPORTED_FORMATS:
-        raise ProtocolError("unsupported_format", f"audio format '{fmt}' is not supported; use one of {list(SUPPORTED_FORMATS)}", param)
-    if fmt == "audio/pcm" and rate not in (None, 24000):
-        raise ProtocolError("unsupported_format", f"audio/pcm is only supported at 24000 Hz, not {rate}", param)
-    return fmt
+    if isinstance(value, dict) and "type" not in value:
+        value = {**value, "type": "audio/pcm"}
+    try:
+        return parse_audio_format(value)
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError("unsupported_format", str(exc), param) from None
 
 
 def format_object(fmt: str) -> dict[str, Any]:
-    return {"type": fmt, "rate": 24000} if fmt == "audio/pcm" else {"type": fmt}
+    return {"type": fmt, "rate": FORMAT_RATES[fmt]} if fmt == "audio/pcm" else {"type": fmt}
 
 
 @dataclass
@@ -92,6 +51,10 @@ class SessionConfig:
     voice: str = "alloy"
     max_output_tokens: int | str = "inf"
     beta_events: bool = False
+
+    def copy(self) -> "SessionConfig":
+        """An independent copy: validate a ``session.update`` on it, apply only if all of it is valid."""
+        return copy.deepcopy(self)
 
     def render(self, session_id: str) -> dict[str, Any]:
         return {

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni_rt.server.protocol import ProtocolError, new_id
+from omni_rt.realtime.errors import ProtocolError
+from omni_rt.realtime.events import new_id
 
 MAX_HISTORY_ITEMS = 24  # the prompt keeps the newest items only; the CPU thinker has a small context
 
@@ -110,10 +111,16 @@ class Conversation:
     def delete(self, item_id: Any) -> None:
         self.items.remove(self.get(item_id))
 
-    def messages(self, instructions: str) -> list[dict[str, str]]:
+    def previous_id(self, item_id: str) -> str | None:
+        ids = [it.id for it in self.items]
+        i = ids.index(item_id)
+        return ids[i - 1] if i > 0 else None
+
+    @staticmethod
+    def messages_of(items: list[Item], instructions: str) -> list[dict[str, str]]:
         """Chat messages for the thinker: instructions, then the newest items (empty ones skipped)."""
         msgs = [{"role": "system", "content": instructions}] if instructions else []
-        for it in self.items[-MAX_HISTORY_ITEMS:]:
+        for it in items[-MAX_HISTORY_ITEMS:]:
             text = it.text()
             if text:
                 msgs.append({"role": it.role, "content": text})

@@ -1,0 +1,30 @@
+"""Where the preset files and the demo page are, installed or in a source checkout.
+
+The repository keeps them in top-level ``models/`` and ``web/``; the wheel ships them as package data
+``omni_rt/_presets`` and ``omni_rt/_web`` (``pyproject.toml`` maps the folders). Running from a checkout
+(tests, ``python -m omni_rt.cli``) finds the top-level folders; an installed package finds its own copy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _find(packaged: str, checkout: str) -> Path:
+    inside = _PACKAGE / packaged
+    if inside.is_dir():
+        return inside
+    beside = _PACKAGE.parent / checkout
+    if beside.is_dir():
+        return beside
+    raise FileNotFoundError(f"omni-rt data folder not found: looked for {inside} (installed) and {beside} (checkout)")
+
+
+def preset_dir() -> Path:
+    return _find("_presets", "models")
+
+
+def web_dir() -> Path:
+    return _find("_web", "web")

@@ -1,0 +1,136 @@
+"""Client event handlers: one function per GA client event, each validating its fields and acting on the
+session. A refusal raises ``ProtocolError`` naming the ``param``; the session turns it into an ``error``."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import TYPE_CHECKING, Any, Callable
+
+from omni_rt.realtime.errors import ProtocolError
+from omni_rt.realtime.events import BETA_CLIENT_ALIASES
+from omni_rt.session.conversation import item_from_client
+from omni_rt.session.response import truncate_text
+
+if TYPE_CHECKING:
+    from omni_rt.session.core import RealtimeSession
+
+Handler = Callable[["RealtimeSession", dict[str, Any]], None]
+
+
+def session_update(s: "RealtimeSession", event: dict[str, Any]) -> None:
+    if "session" not in event:
+        raise ProtocolError("missing_required_parameter", "session.update needs 'session'", "session")
+    candidate = s.config.copy()
+    candidate.update(event["session"])  # validate fully before applying anything
+    s.apply_config(candidate)
+
+
+def input_audio_append(s: "RealtimeSession", event: dict[str, Any]) -> None:
+    audio = event.get("audio")
+    if not isinstance(audio, str):
+        raise ProtocolError("missing_required_parameter", "input_audio_buffer.append needs base64 'audio'", "audio")
+    try:
+        raw = base64.b64decode(audio, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("invalid_base64", "'audio' is not valid base64", "audio") from None
+    s.append_audio(raw)
+
+
+def input_audio_commit(s: "RealtimeSession", event: dict[str, Any]) -> None:
+    eid = event.get("event_id")
+    s.commit(eid if isinstance(eid, str) else None)  # an empty-buffer error from the audio-in stage names it
+
+
+def input_audio_clear(s: "RealtimeSession", event: dict[str, Any]) -> None:
+    s.clear_audio()
+
+
+def item_create(s: "RealtimeSession", event: dict[str, Any]) -> None:
+    item = item_from_client(event.get("item"))
+    prev = event.get("previous_item_id")
+    if prev is not None and not isinstance(prev, str):
+        raise ProtocolError("invalid_type", "previous_item_id must be a string", "previous_item_id")
+    actual_prev = s.conversation.add(item, prev)
+    s.send({"type": "conversation.item.added", "previous_item_id": actual_prev, "item": item.render()})
+    s.send({"type": "conversation.item.done", "previous_item_id": actual_prev, "item": item.render()})
+
+
+def item_delete(s: "RealtimeSession", event: dict[str, Any]) -> None:
+    item_id = event.get("item_id")
+    if not isinstance(item_id, str):
+        raise ProtocolError("missing_required_parameter", "conversation.item.delete needs 'item_id'", "item_id")
+    s.conversation.delete(item_id)
+    s.send({"type": "conversation.item.deleted", "item_id": item_id})
+
+
+def item_retrieve(s: "RealtimeSession", event: dict[str, Any]) -> None:
+    item_id = event.get("item_id")
+    if not isinstance(item_id, str):
+        raise ProtocolError("missing_required_parameter", "conversation.item.retrieve needs 'item_id'", "item_id")
+    s.send({"type": "conversation.item.retrieved", "item": s.conversation.get(item_id).render()})
+
+
+def item_truncate(s: "RealtimeSession", event: dict[str, Any]) -> None:
+    item_id = event.get("item_id")
+    audio_end_ms = event.get("audio_end_ms")
+    if not isinstance(item_id, str):
+        raise ProtocolError("missing_required_parameter", "conversation.item.truncate needs 'item_id'", "item_id")
+    if not isinstance(audio_end_ms, int) or isinstance(audio_end_ms, bool) or audio_end_ms < 0:
+        raise ProtocolError("invalid_value", "audio_end_ms must be a non-negative integer", "audio_end_ms")
+    content_index = event.get("content_index", 0)
+    item = s.conversation.get(item_id)
+    if item.role != "assistant":
+        raise ProtocolError("invalid_value", "only assistant audio items can be truncated", "item_id")
+    if content_index != 0:
+        raise ProtocolError("invalid_value", "content_index must be 0", "content_index")
+    if audio_end_ms > item.audio_ms:
+        raise ProtocolError("invalid_value", f"audio_end_ms {audio_end_ms} is past the item's audio ({item.audio_ms} ms)", "audio_end_ms")
+    if s.response is not None and s.response.item is item:
+        s._cancel_active("turn_detected")
+    item.content = [{"type": "output_audio", "transcript": truncate_text(item, audio_end_ms)}]
+    item.audio_ms = audio_end_ms
+    item.status = "incomplete"
+    s.send({"type": "conversation.item.truncated", "item_id": item_id, "content_index": 0, "audio_end_ms": audio_end_ms})
+
+
+def response_create(s: "RealtimeSession", event: dict[str, Any]) -> None:
+    params = event.get("response")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise ProtocolError("invalid_type", "response must be an object", "response")
+    cfg = s.config.copy()
+    # absent or null fields inherit from the session
+    cfg.update({k: v for k, v in params.items()
+                if k in ("instructions", "output_modalities", "modalities", "max_output_tokens") and v is not None})
+    s.start_response(cfg)
+
+
+def response_cancel(s: "RealtimeSession", event: dict[str, Any]) -> None:
+    rid = event.get("response_id")
+    s.cancel_response(rid if isinstance(rid, str) else None)
+
+
+HANDLERS: dict[str, Handler] = {
+    "session.update": session_update,
+    "input_audio_buffer.append": input_audio_append,
+    "input_audio_buffer.commit": input_audio_commit,
+    "input_audio_buffer.clear": input_audio_clear,
+    "conversation.item.create": item_create,
+    "conversation.item.delete": item_delete,
+    "conversation.item.retrieve": item_retrieve,
+    "conversation.item.truncate": item_truncate,
+    "response.create": response_create,
+    "response.cancel": response_cancel,
+}
+
+
+def dispatch(s: "RealtimeSession", event: dict[str, Any]) -> None:
+    etype = event.get("type")
+    if not isinstance(etype, str):
+        raise ProtocolError("missing_required_parameter", "event has no string 'type'", "type")
+    handler = HANDLERS.get(BETA_CLIENT_ALIASES.get(etype, etype))
+    if handler is None:
+        raise ProtocolError("unknown_event", f"unknown event type '{etype[:64]}'", "type")
+    handler(s, event)

@@ -1,0 +1,161 @@
+"""What crosses stage boundaries: small typed payloads, in one module.
+
+Every stage's stream chunks and session events are one of these classes, so a producer and its consumers
+agree by type rather than by dict keys normalised in several places. They stay plain data (dataclasses of
+str / int / bytes / numpy arrays), so a stage can move behind a pickling queue unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from omni_rt.audio import PIPELINE_OUTPUT_RATE
+
+
+# ---- thinker -> talker / client -------------------------------------------------------------------
+@dataclass(slots=True)
+class TextDelta:
+    """Speakable answer text as the thinker produces it (tool-call text never appears here)."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """A piece of a tool call's JSON arguments; ``index`` orders parallel calls of one answer."""
+
+    index: int
+    call_id: str
+    name: str
+    arguments_delta: str
+
+
+@dataclass(slots=True)
+class ToolCallDone:
+    """A tool call whose arguments are complete."""
+
+    index: int
+    call_id: str
+    name: str
+    arguments: str
+
+
+# ---- talker -> vocoder / client -------------------------------------------------------------------
+@dataclass(slots=True)
+class Clause:
+    """One spoken clause: its text and its waveform at the talker's native rate."""
+
+    text: str
+    audio: np.ndarray
+    sample_rate: int
+
+    @property
+    def duration_ms(self) -> float:
+        return 1000.0 * len(self.audio) / self.sample_rate
+
+
+@dataclass(slots=True)
+class CodecFrames:
+    """SNAC codes, ``(n, 7)`` int array: n frames of 7 codes (one frame = 85 ms of 24 kHz audio)."""
+
+    frames: np.ndarray
+
+
+# ---- vocoder -> client ----------------------------------------------------------------------------
+@dataclass(slots=True)
+class PcmChunk:
+    """PCM16 LE mono at ``sample_rate`` (always the pipeline output rate); the session encodes per surface."""
+
+    pcm: bytes
+    samples: int
+    sample_rate: int = PIPELINE_OUTPUT_RATE
+
+
+# ---- audio-in stage (VAD + ASR) -> session ----------------------------------------------------------
+@dataclass(slots=True)
+class AsrEvent:
+    """Base of what the audio-in stage tells a session. ``turn`` numbers the session's user turns from 1;
+    the session matches transcripts to turns by it, never by arrival order."""
+
+    turn: int
+
+
+@dataclass(slots=True)
+class SpeechStarted(AsrEvent):
+    audio_start_ms: int
+
+
+@dataclass(slots=True)
+class SpeechStopped(AsrEvent):
+    audio_end_ms: int
+    forced: bool = False  # the turn hit the maximum turn length
+
+
+@dataclass(slots=True)
+class Committed(AsrEvent):
+    """The turn's audio is final (VAD end of turn, client commit, or max turn length)."""
+
+    trigger: str
+    audio_ms: int
+
+
+@dataclass(slots=True)
+class Cleared(AsrEvent):
+    pass
+
+
+@dataclass(slots=True)
+class TranscriptPartial(AsrEvent):
+    """A re-decode of the turn so far (the whole text, not a delta)."""
+
+    text: str
+
+
+@dataclass(slots=True)
+class TranscriptSpeculative(AsrEvent):
+    """The turn decoded during the end-of-turn silence: an answer may start (held) from it."""
+
+    text: str
+    asr_ms: float
+
+
+@dataclass(slots=True)
+class SpeculationCancelled(AsrEvent):
+    """Speech resumed: the speculative transcript of this turn no longer holds."""
+
+
+@dataclass(slots=True)
+class TranscriptFinal(AsrEvent):
+    text: str
+    speculative: bool
+    asr_ms: float  # decode time
+    after_end_ms: float  # what the end of turn actually waited for it
+    audio_ms: int
+
+
+@dataclass(slots=True)
+class TimeoutTriggered(AsrEvent):
+    """No speech for the session's ``idle_timeout_ms`` after the last answer."""
+
+    audio_start_ms: int
+    audio_end_ms: int
+
+
+@dataclass(slots=True)
+class SessionExpired(AsrEvent):
+    idle_s: float
+
+
+@dataclass(slots=True)
+class AsrError(AsrEvent):
+    code: str
+    message: str
+
+
+def text_of(chunk: Any) -> str:
+    """The speakable text in a thinker chunk ('' for tool calls and anything else)."""
+    return chunk.text if isinstance(chunk, TextDelta) else ""

@@ -1,0 +1,144 @@
+"""Drives one sans-I/O ``RealtimeSession`` against the pipeline and a connection.
+
+After every input to the session the runner runs the session's commands (audio to the audio-in stage,
+responses started and aborted in the coordinator) and wakes the sender. Each response runs as one task that
+reads the coordinator's stream and feeds it back into the session by role. The transports (WebSocket,
+Twilio) only move bytes: they call ``feed_*`` and send what ``next_events`` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from omni_rt.core.coordinator import PipelineError, ResultItem, StreamItem
+from omni_rt.session import commands as cmd
+from omni_rt.session.core import RealtimeSession
+from omni_rt.stages.contracts import AsrError, AsrEvent, SessionExpired
+
+if TYPE_CHECKING:
+    from omni_rt.server.runtime import Runtime
+
+log = logging.getLogger("omni_rt.session")
+
+
+class SessionRunner:
+    def __init__(self, runtime: "Runtime", session: RealtimeSession) -> None:
+        self.runtime = runtime
+        self.session = session
+        roles = runtime.coordinator.roles
+        self.audio_in = roles.audio_in
+        self.response_entry = roles.response
+        self.role_of = {stage: role for role, stage in (("text", roles.text), ("clauses", roles.clauses), ("audio", roles.audio)) if stage}
+        self.close_request: cmd.CloseConnection | None = None
+        self._wake = asyncio.Event()
+        self._tasks: dict[str, asyncio.Task] = {}
+
+    # ---- inputs --------------------------------------------------------------------------------------
+    def open(self) -> None:
+        self.session.open()
+        self._pump()
+
+    def feed_message(self, raw: str | bytes) -> None:
+        self.session.receive_message(raw)
+        self._pump()
+
+    def feed_event(self, event: dict[str, Any]) -> None:
+        self.session.receive_event(event)
+        self._pump()
+
+    def _on_audio_in(self, stage: str, event: Any) -> None:
+        """Listener for the audio-in stage: its typed events, and the generic session scheduler's two dicts."""
+        if isinstance(event, AsrEvent):
+            self.session.receive_asr(event)
+        elif isinstance(event, dict) and event.get("type") == "error":
+            self.session.receive_asr(AsrError(0, str(event.get("code", "server_error")), str(event.get("message", "audio-in error"))))
+        elif isinstance(event, dict) and event.get("type") == "session.expired":
+            self.session.receive_asr(SessionExpired(0, float(event.get("idle_s", 0))))
+        self._pump()
+
+    async def close(self) -> None:
+        """Free everything: the session's answers, its audio-in state, every running task."""
+        self.session.close()
+        self._pump()
+        for task in list(self._tasks.values()):
+            task.cancel()
+        self._wake.set()
+
+    # ---- outputs -------------------------------------------------------------------------------------
+    async def next_events(self) -> list[dict[str, Any]] | None:
+        """The next batch of server events to send; ``None`` once the session is closed and drained."""
+        while True:
+            events = self.session.events_to_send()
+            if events:
+                return events
+            if self.session.closed or self.close_request is not None:
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+
+    # ---- machinery -----------------------------------------------------------------------------------
+    def _pump(self) -> None:
+        coord = self.runtime.coordinator
+        sid = self.session.id
+        for c in self.session.commands():
+            if isinstance(c, cmd.AppendAudio):
+                coord.append(sid, self.audio_in, c.pcm)
+            elif isinstance(c, cmd.StartResponse):
+                self._tasks[c.response_id] = asyncio.create_task(self._run(c.response_id, c.payload), name=f"response-{c.response_id}")
+            elif isinstance(c, cmd.AbortResponse):
+                task = self._tasks.pop(c.response_id, None)
+                coord.abort(c.response_id)
+                if task is not None:
+                    task.cancel()
+            elif isinstance(c, cmd.ControlAudioIn):
+                coord.session_control(sid, self.audio_in, c.op)
+            elif isinstance(c, cmd.UpdateAudioIn):
+                coord.session_control(sid, self.audio_in, "update", params=c.params)
+            elif isinstance(c, cmd.OpenAudioIn):
+                coord.open_session(sid, self.audio_in, c.params, self._on_audio_in)
+            elif isinstance(c, cmd.CloseAudioIn):
+                coord.close_session(sid)
+            elif isinstance(c, cmd.CloseConnection):
+                self.close_request = c
+        self._observe()
+        self._wake.set()
+
+    def _observe(self) -> None:
+        m = self.runtime.metrics
+        for name, value in self.session.observations():
+            if name.startswith("error."):
+                m.errors.labels(code=name.removeprefix("error.")).inc()
+            elif name == "ttfa":
+                m.ttfa.observe(value)
+            elif name.startswith("speculative_"):
+                m.speculative.labels(outcome=name.removeprefix("speculative_")).inc()
+            else:
+                m.stage_latency.labels(stage=name).observe(value)
+
+    async def _run(self, response_id: str, payload: dict[str, Any]) -> None:
+        coord = self.runtime.coordinator
+        try:
+            async with contextlib.aclosing(coord.stream(response_id, payload, entry=self.response_entry)) as stream:
+                async for out in stream:
+                    if isinstance(out, StreamItem):
+                        role = self.role_of.get(out.stage)
+                        if role is not None:
+                            self.session.receive_output(response_id, role, out.data)
+                    elif isinstance(out, ResultItem):
+                        self.session.receive_result(response_id, out.data)
+                    self._pump()
+        except PipelineError as exc:
+            if exc.code != "aborted":
+                self.runtime.metrics.errors.labels(code=exc.code).inc()
+            self.session.receive_failure(response_id, exc.code, exc.stage, str(exc))
+            self._pump()
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._tasks.pop(response_id, None)
+
+    def live_state(self) -> dict[str, int]:
+        return {"tasks": len(self._tasks), **self.session.live_state()}

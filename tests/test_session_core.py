@@ -1,0 +1,118 @@
+"""The sans-I/O session core on its own: audio-in events in any order, server events and commands out.
+
+No sockets and no models: the session is a state machine, so the orderings a live pipeline produces only
+sometimes (a transcript that returns after the next turn began) are driven here deterministically. Every
+server event is validated against openai-python's GA models.
+"""
+
+from __future__ import annotations
+
+from rt_helpers import validate_event
+
+from omni_rt.session import commands as cmd
+from omni_rt.session.core import RealtimeSession
+from omni_rt.session.response import ResponseState
+from omni_rt.stages import contracts as c
+
+
+def drain(s: RealtimeSession) -> tuple[list[dict], list]:
+    events, commands = s.events_to_send(), s.commands()
+    for e in events:
+        validate_event(e)
+    return events, commands
+
+
+def opened() -> RealtimeSession:
+    s = RealtimeSession()
+    s.open()
+    s.receive_event({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}}})
+    drain(s)
+    return s
+
+
+def test_late_transcript_lands_on_its_own_turn() -> None:
+    s = opened()
+    s.receive_asr(c.SpeechStarted(1, 100))
+    s.receive_asr(c.SpeechStopped(1, 900))
+    s.receive_asr(c.Committed(1, "vad", 800))
+    s.receive_asr(c.SpeechStarted(2, 1200))  # the user talks again before turn 1 is transcribed
+    s.receive_asr(c.TranscriptFinal(1, "first question", False, 300.0, 400.0, 800))
+    s.receive_asr(c.SpeechStopped(2, 2000))
+    s.receive_asr(c.Committed(2, "vad", 800))
+    s.receive_asr(c.TranscriptFinal(2, "second question", False, 300.0, 300.0, 800))
+    events, commands = drain(s)
+    started = {e["item_id"] for e in events if e["type"] == "input_audio_buffer.speech_started"}
+    item1, item2 = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+    assert started == {item1, item2} and item1 != item2
+    completed = {e["item_id"]: e["transcript"] for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"}
+    assert completed == {item1: "first question", item2: "second question"}
+    assert s.conversation.get(item1).text() == "first question" and s.conversation.get(item2).text() == "second question"
+    # turn 1 was superseded by turn 2 before its transcript came: one answer, for turn 2, seeing both turns
+    starts = [x for x in commands if isinstance(x, cmd.StartResponse)]
+    assert len(starts) == 1
+    assert [m["content"] for m in starts[0].payload["messages"][1:]] == ["first question", "second question"]
+
+
+def test_commit_burst_gives_each_commit_its_own_item() -> None:
+    s = opened()
+    for i in range(5):
+        s.receive_event({"type": "input_audio_buffer.commit", "event_id": f"c{i}"})
+    for turn in range(1, 6):
+        s.receive_asr(c.Committed(turn, "commit", 500))
+    for turn in (3, 1, 5, 2, 4):  # decodes return out of order
+        s.receive_asr(c.TranscriptFinal(turn, f"turn {turn}", False, 100.0, 100.0, 500))
+    events, _ = drain(s)
+    assert not [e for e in events if e["type"] == "error"], events
+    committed = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+    assert len(set(committed)) == 5
+    assert [s.conversation.get(i).text() for i in committed] == [f"turn {t}" for t in range(1, 6)]
+
+
+def test_held_answer_released_or_discarded_without_a_trace() -> None:
+    s = opened()
+    s.receive_asr(c.SpeechStarted(1, 0))
+    s.receive_asr(c.TranscriptSpeculative(1, "what time is it", 200.0))
+    events, commands = drain(s)
+    held = [x for x in commands if isinstance(x, cmd.StartResponse)]
+    assert len(held) == 1 and not [e for e in events if e["type"].startswith("response.")]
+    s.receive_output(held[0].response_id, "text", c.TextDelta("It is noon."))
+    assert not [e for e in drain(s)[0] if e["type"].startswith("response.")]  # still held: nothing on the wire
+    s.receive_asr(c.SpeechStopped(1, 900))
+    s.receive_asr(c.Committed(1, "vad", 900))
+    s.receive_asr(c.TranscriptFinal(1, "what time is it", True, 0.0, 0.0, 900))
+    events, commands = drain(s)
+    types = [e["type"] for e in events]
+    assert "response.created" in types and "response.output_audio_transcript.delta" in types
+    assert not [x for x in commands if isinstance(x, cmd.StartResponse)]  # released, not restarted
+    assert s.response is not None and s.response.id == held[0].response_id and s.response.state is ResponseState.ACTIVE
+
+    # speech resumes in turn 2 after a guess: the new guess is dropped silently, its computation aborted
+    s.receive_result(held[0].response_id, {"prompt_tokens": 10, "completion_tokens": 4})
+    drain(s)
+    s.receive_asr(c.SpeechStarted(2, 2000))
+    s.receive_asr(c.TranscriptSpeculative(2, "and tomorrow", 200.0))
+    guess = [x for x in drain(s)[1] if isinstance(x, cmd.StartResponse)][0]
+    s.receive_asr(c.SpeculationCancelled(2))
+    events, commands = drain(s)
+    assert not [e for e in events if e["type"].startswith("response.")]
+    assert [x.response_id for x in commands if isinstance(x, cmd.AbortResponse)] == [guess.response_id]
+    assert s.live_state()["responses"] == 0
+
+
+def test_barge_in_cancels_and_purges_queued_audio() -> None:
+    s = opened()
+    s.receive_event({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                   "content": [{"type": "input_text", "text": "hi"}]}})
+    s.receive_event({"type": "response.create"})
+    rid = [x for x in drain(s)[1] if isinstance(x, cmd.StartResponse)][0].response_id
+    s.receive_output(rid, "audio", c.PcmChunk(b"\x00\x01" * 2400, 2400))  # queued, not yet sent
+    s.receive_asr(c.SpeechStarted(1, 500))
+    events, commands = drain(s)
+    types = [e["type"] for e in events]
+    assert "response.output_audio.delta" not in types  # purged: the listener hears nothing more of it
+    assert types.index("input_audio_buffer.speech_started") < types.index("response.done")
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected"
+    assert [x.response_id for x in commands if isinstance(x, cmd.AbortResponse)] == [rid]
+    s.receive_output(rid, "audio", c.PcmChunk(b"\x00\x01" * 2400, 2400))  # a late chunk of the aborted answer
+    assert not drain(s)[0]
