@@ -27,6 +27,7 @@ class Sequence:
     finish_reason: str | None = None
     first_token_at: float | None = None
     cached_tokens: int = 0
+    tools: Any = None  # omni_rt.engine.tools.ToolStream when the request offers tools
 
     @property
     def finished(self) -> bool:
@@ -62,4 +63,5 @@ class Sequence:
             cached_tokens=self.cached_tokens,
             completion_tokens=len(self.sampled),
             ttft_ms=round(ttft, 3),
+            tool_calls=self.tools.result_calls() if self.tools is not None else None,
         )
