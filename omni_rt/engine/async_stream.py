@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 
 from omni_rt.core.scheduler import ThreadedScheduler
 from omni_rt.engine.request import GenRequest, parse_request, result_payload
+from omni_rt.engine.tools import UpstreamToolCalls
 
 
 @dataclass(slots=True)
@@ -27,6 +28,7 @@ class Delta:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
+    tool_calls: list[dict] = field(default_factory=list)  # raw OpenAI ``delta.tool_calls`` entries
 
 
 class UpstreamError(RuntimeError):
@@ -102,9 +104,19 @@ class AsyncStreamScheduler(ThreadedScheduler):
         except ValueError as exc:
             self.emit_error(rid, exc, code="bad_request")
             return
+        calls = UpstreamToolCalls()
         try:
             async for d in self.generate(rid, req):
-                if d.text or d.token_ids:
+                if d.tool_calls:  # tool calls never reach "text" (the talker speaks it)
+                    first = first or time.perf_counter()
+                    chunks += 1
+                    ids.extend(d.token_ids)
+                    for chunk in calls.feed(d.tool_calls, list(d.token_ids)):
+                        self.emit(rid, "stream", chunk)
+                    if d.text:
+                        text.append(d.text)
+                        self.emit(rid, "stream", {"text": d.text, "token_ids": []})
+                elif d.text or d.token_ids:
                     first = first or time.perf_counter()
                     chunks += 1
                     text.append(d.text)
@@ -112,6 +124,11 @@ class AsyncStreamScheduler(ThreadedScheduler):
                     self.emit(rid, "stream", {"text": d.text, "token_ids": list(d.token_ids)})
                 finish = d.finish_reason or finish
                 usage = d.usage or usage
+                if d.finish_reason:
+                    for chunk in calls.finish():
+                        self.emit(rid, "stream", chunk)
+            for chunk in calls.finish():  # an upstream that ends without a finish_reason
+                self.emit(rid, "stream", chunk)
         except asyncio.CancelledError:
             finish = "abort"
         except UpstreamError as exc:
@@ -133,6 +150,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
                 cached_tokens=usage.get("cached_tokens", 0),
                 completion_tokens=usage.get("completion_tokens", len(ids) or chunks),
                 ttft_ms=round(((first or time.perf_counter()) - t0) * 1000.0, 3),
+                tool_calls=calls.result_calls(),
             ),
         )
 

@@ -532,6 +532,7 @@ class ToolStream:
     def __init__(self, fmt: ToolFormat, grammar: Any = None) -> None:
         self.parser = ToolCallParser(fmt)
         self.grammar = grammar
+        self.spoken: list[str] = []  # the text chunks: the result's "text" (tool-call markup left out)
 
     def chunks(self, text: str, token_ids: list[int], final: bool) -> list[dict[str, Any]]:
         """The ``stream`` payloads for one step's text delta (token ids ride on the first payload)."""
@@ -542,6 +543,7 @@ class ToolStream:
         for kind, val in events:
             ids, token_ids = token_ids, []
             if kind == "text":
+                self.spoken.append(val)
                 out.append(text_chunk(val, ids))
             elif kind == "delta":
                 call, delta = val
@@ -556,3 +558,64 @@ class ToolStream:
 
     def result_calls(self) -> list[dict[str, str]]:
         return [{"call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in self.parser.calls]
+
+
+class UpstreamToolCalls:
+    """Maps an OpenAI-compatible upstream's streamed ``delta.tool_calls`` into the chunk contract.
+
+    Upstreams (SGLang, vLLM, llama-server ``--jinja``, OpenAI) send ``{"index", "id", "function": {"name",
+    "arguments"}}`` with id and name on a call's first delta only. A call is complete when a later call
+    starts or the upstream finishes; it is reported done only if its arguments parse as JSON, so a call cut
+    off by the length limit (or an abort, which never reaches ``finish``) is never reported as done.
+    """
+
+    def __init__(self) -> None:
+        self._by_index: dict[int, ToolCall] = {}
+        self._pending: dict[int, str] = {}  # arguments that arrived before the call's name
+        self._open: list[ToolCall] = []
+        self.calls: list[ToolCall] = []
+
+    def feed(self, deltas: list[dict], token_ids: list[int]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for d in deltas:
+            if not isinstance(d, dict):
+                continue
+            up = d.get("index", 0)
+            fn = d.get("function") or {}
+            call = self._by_index.get(up)
+            if call is None:
+                out += self._close_open()
+                call = ToolCall(len(self._by_index), str(d.get("id") or new_call_id()))
+                self._by_index[up] = call
+                self._open.append(call)
+            if fn.get("name") and not call.name:
+                call.name = fn["name"]
+            args = self._pending.pop(up, "") + (fn.get("arguments") or "")
+            if not call.name:
+                self._pending[up] = args
+                continue
+            call.arguments += args
+            if args or not call.arguments:
+                out.append(tool_call_chunk(call.index, call.call_id, call.name, args, token_ids))
+                token_ids = []
+        if token_ids:
+            out.append(text_chunk("", token_ids))
+        return out
+
+    def _close_open(self) -> list[dict[str, Any]]:
+        out = []
+        for call in self._open:
+            if call.name and _is_json(call.arguments or "{}"):
+                call.arguments = call.arguments or "{}"
+                call.complete = True
+                self.calls.append(call)
+                out.append(tool_call_done_chunk(call.index, call.call_id, call.name, call.arguments))
+        self._open = []
+        return out
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The upstream finished: every open call with whole arguments is done."""
+        return self._close_open()
+
+    def result_calls(self) -> list[dict[str, str]]:
+        return [{"call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in self.calls]
