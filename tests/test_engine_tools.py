@@ -434,3 +434,14 @@ def test_remote_abort_during_a_tool_call(remote, server):
     assert rest["result"]["finish_reason"] == "abort" and "tool_calls" not in rest["result"]
     assert not any("tool_call_done" in c for c in seen + rest["stream"])
     assert wait_until(lambda: server.backend.live_state() == 0, timeout=10)
+
+
+def test_remote_auto_text_answer_passes_through(remote, smol):
+    """``auto``: the model answers in words; through the remote engine the text (run through the text-side
+    call parser, for upstreams that write calls into the content) arrives unchanged."""
+    req = {"messages": ASK, "tools": [WEATHER], "max_tokens": 12}
+    send(remote, "ra2", req)
+    send(smol, "la2", req)
+    got, want = _run(remote, "ra2", {}), _run(smol, "la2", {})
+    assert got["result"]["text"] == want["result"]["text"] == "".join(c["text"] for c in got["stream"])
+    assert got["result"]["text"] and "tool_calls" not in got["result"]
