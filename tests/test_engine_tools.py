@@ -266,7 +266,7 @@ def _check_call(done: dict, tool: dict) -> dict:
 
 
 def test_smollm2_forced_named_call_is_valid(smol):
-    send(smol, "named", {"messages": ASK, "tools": [WEATHER, BOOK], "tool_choice": {"type": "function", "name": "get_weather"}, "max_tokens": 60})
+    send(smol, "named", {"messages": ASK, "tools": [WEATHER, BOOK], "tool_choice": {"type": "function", "name": "get_weather"}, "max_tokens": 40})
     out = _run(smol, "named", {})
     deltas, done = _calls(out["stream"])
     assert len(done) == 1
@@ -314,7 +314,7 @@ def test_constrained_row_batched_with_a_free_row(smol):
     free = {"messages": [{"role": "user", "content": "Name a color."}], "max_tokens": 10}
     send(smol, "alone", free)
     alone = _run(smol, "alone", {})["result"]
-    send(smol, "forced", {"messages": ASK, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 40})
+    send(smol, "forced", {"messages": ASK, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 32})
     send(smol, "beside", free)
     out = collect(smol, ["forced", "beside"])
     assert out["beside"]["result"]["token_ids"] == alone["token_ids"]
@@ -408,7 +408,7 @@ def test_openai_server_streams_tool_calls_in_chat_format(server):
 
 
 def test_remote_engine_maps_upstream_tool_calls(remote, smol):
-    req = {"messages": ASK, "tools": [WEATHER, BOOK], "tool_choice": {"type": "function", "name": "get_weather"}, "max_tokens": 60}
+    req = {"messages": ASK, "tools": [WEATHER, BOOK], "tool_choice": {"type": "function", "name": "get_weather"}, "max_tokens": 40}
     send(remote, "rt", req)
     send(smol, "lc", req)
     got, want = _run(remote, "rt", {}), _run(smol, "lc", {})

@@ -246,12 +246,13 @@ class ARScheduler(ThreadedScheduler):
         if req.messages is None or req.output != "text":
             raise ValueError("'tools' need a 'messages' request with text output")
         fmt = detect_format(self.tokenizer)
+        if self._grammars is None:  # a session offering tools may force a call next: get the grammar ready
+            from omni_rt.engine.constrained import GrammarFactory
+
+            self._grammars = GrammarFactory(self.tokenizer, self.engine.vocab_size, self.eos_token_ids)
+            self._grammars.warm()
         grammar = None
         if req.tool_choice == "required" or isinstance(req.tool_choice, dict):
-            if self._grammars is None:
-                from omni_rt.engine.constrained import GrammarFactory
-
-                self._grammars = GrammarFactory(self.tokenizer, self.engine.vocab_size, self.eos_token_ids)
             grammar = self._grammars.for_tools(fmt, req.tools, req.tool_choice, bool(req.parallel_tool_calls))
         return ToolStream(fmt, grammar)
 
