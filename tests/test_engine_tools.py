@@ -354,6 +354,27 @@ def test_random_tiny_models_emit_valid_calls_under_the_grammar(tiny, arch):
     assert text.startswith("<tool_call>") if arch == "qwen2" else text.startswith('{"name": "set_light", "parameters": ')
 
 
+def test_grammar_mask_on_the_static_kv_path(tiny, tmp_path):
+    """The GPU decode path (preallocated KV, batch padded to a bucket; eager here) applies the row masks too:
+    a forced row and a free row batched together, the free row decoding as it does alone."""
+    tok = tiny["qwen2"].tokenizer
+    path = build_tiny_model("qwen2", tmp_path / "static", vocab_size=len(tok), tokenizer=tok)
+    sched = create_ar_scheduler(str(path), max_batch_size=4, static_kv=True)
+    sched.start()
+    try:
+        free = {"messages": ASK, "max_tokens": 8, "ignore_eos": True}
+        send(sched, "alone", free)
+        alone = _run(sched, "alone", {})["result"]
+        forced = {"messages": ASK, "tools": [SWITCH], "tool_choice": "required", "max_tokens": 40}
+        send(sched, "forced", forced)
+        send(sched, "free", free)
+        out = collect(sched, ["forced", "free"])
+        assert out["free"]["result"]["token_ids"] == alone["token_ids"]
+        _check_call(_calls(out["forced"]["stream"])[1][0], SWITCH)
+    finally:
+        sched.stop()
+
+
 # ------------------------------------------------------------------ remote engine <-> own OpenAI server
 
 

@@ -373,7 +373,7 @@ class ToolCallParser:
         events: list[Event] = []
         self._run(events, final=True)
         if self._block is not None:
-            self._close_block(events, forced=True)
+            self._close_block(events)
         if self._buf:
             self._emit_text(events, self._buf)
             self._buf = ""
@@ -472,7 +472,7 @@ class ToolCallParser:
             return False
         self._buf = b.raw[end:] + self._buf
         b.raw = b.raw[:end]
-        self._close_block(events, forced=False)
+        self._close_block(events)
         return True
 
     def _block_end(self, b: _Block) -> int:
@@ -481,7 +481,7 @@ class ToolCallParser:
         i = b.raw.find(_HERMES_CLOSE)
         return i + len(_HERMES_CLOSE) if i >= 0 else -1
 
-    def _close_block(self, events: list[Event], forced: bool) -> None:
+    def _close_block(self, events: list[Event]) -> None:
         b = self._block
         self._block = None
         self._after_call = True
