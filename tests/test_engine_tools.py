@@ -84,7 +84,7 @@ def tiny(tmp_path_factory) -> dict:
         sched.stop()
 
 
-def _run(sched, rid: str, data: dict, timeout: float = 120.0) -> dict:
+def _run(sched, rid: str, timeout: float = 120.0) -> dict:
     out = collect(sched, [rid], timeout=timeout)[rid]
     assert out["error"] is None, out["error"]
     return out
@@ -95,7 +95,8 @@ def _calls(stream: list[dict]) -> tuple[dict[int, str], list[dict]]:
     deltas: dict[int, str] = {}
     for c in stream:
         if "tool_call" in c:
-            deltas[c["tool_call"]["index"]] = deltas.get(c["tool_call"]["index"], "") + c["tool_call"]["arguments_delta"]
+            tc = c["tool_call"]
+            deltas[tc["index"]] = deltas.get(tc["index"], "") + tc["arguments_delta"]
     return deltas, [c["tool_call_done"] for c in stream if "tool_call_done" in c]
 
 
@@ -117,7 +118,7 @@ def _no_call_text(stream: list[dict]) -> None:
         ([{"type": "function", "name": "f", "parameters": "x"}], "tools[0].parameters"),
         ([{"type": "function", "name": "f", "parameters": {"type": "array"}}], "tools[0].parameters.type"),
         (
-            [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "strin"}}}}],
+            [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "x"}}}}],
             "tools[0].parameters.properties.a.type",
         ),
         ([{"type": "function", "name": "f", "paramters": {}}], "tools[0].paramters"),
@@ -217,7 +218,11 @@ def test_prompts_use_the_models_template_or_ours(smol, tiny):
             "role": "assistant",
             "content": "",
             "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'},
+                }
             ],
         },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21}'},
@@ -266,8 +271,9 @@ def _check_call(done: dict, tool: dict) -> dict:
 
 
 def test_smollm2_forced_named_call_is_valid(smol):
-    send(smol, "named", {"messages": ASK, "tools": [WEATHER, BOOK], "tool_choice": {"type": "function", "name": "get_weather"}, "max_tokens": 40})
-    out = _run(smol, "named", {})
+    named = {"type": "function", "name": "get_weather"}
+    send(smol, "named", {"messages": ASK, "tools": [WEATHER, BOOK], "tool_choice": named, "max_tokens": 40})
+    out = _run(smol, "named")
     deltas, done = _calls(out["stream"])
     assert len(done) == 1
     args = _check_call(done[0], WEATHER)
@@ -276,7 +282,7 @@ def test_smollm2_forced_named_call_is_valid(smol):
     _no_call_text(out["stream"])
     res = out["result"]
     assert res["text"] == "" and res["finish_reason"] == "tool_calls"
-    assert res["tool_calls"] == [{"call_id": done[0]["call_id"], "name": "get_weather", "arguments": done[0]["arguments"]}]
+    assert res["tool_calls"] == [{k: done[0][k] for k in ("call_id", "name", "arguments")}]
     # every token is accounted in the chunks even though no text was spoken
     assert sum(len(c["token_ids"]) for c in out["stream"]) == len(res["token_ids"])
     assert wait_until(lambda: smol.live_state() == 0)
@@ -285,8 +291,9 @@ def test_smollm2_forced_named_call_is_valid(smol):
 def test_smollm2_required_parallel_calls_get_indices(smol):
     """``required`` with ``parallel_tool_calls``: the greedy 135M model repeats its call; each gets its index,
     and one cut off by the token limit is never reported done."""
-    send(smol, "par", {"messages": ASK, "tools": [BOOK, WEATHER], "tool_choice": "required", "parallel_tool_calls": True, "max_tokens": 70})
-    out = _run(smol, "par", {})
+    req = {"messages": ASK, "tools": [BOOK, WEATHER], "tool_choice": "required", "parallel_tool_calls": True}
+    send(smol, "par", {**req, "max_tokens": 70})
+    out = _run(smol, "par")
     deltas, done = _calls(out["stream"])
     assert [d["index"] for d in done] == list(range(len(done))) and len(done) >= 2
     assert len({d["call_id"] for d in done}) == len(done)
@@ -305,7 +312,7 @@ def test_tool_choice_none_and_auto(smol):
     assert out["none"]["result"]["text"] == out["plain"]["result"]["text"]
     assert not any("tool_call" in c for c in out["none"]["stream"]) and "tool_calls" not in out["none"]["result"]
     send(smol, "auto", {"messages": ASK, "tools": [WEATHER], "max_tokens": 6})
-    res = _run(smol, "auto", {})["result"]
+    res = _run(smol, "auto")["result"]
     assert res["prompt_tokens"] > out["plain"]["result"]["prompt_tokens"]  # the tool prompt is in
 
 
@@ -313,7 +320,7 @@ def test_constrained_row_batched_with_a_free_row(smol):
     """The grammar mask touches only its own row: a free request batched with a forced one decodes the same."""
     free = {"messages": [{"role": "user", "content": "Name a color."}], "max_tokens": 10}
     send(smol, "alone", free)
-    alone = _run(smol, "alone", {})["result"]
+    alone = _run(smol, "alone")["result"]
     send(smol, "forced", {"messages": ASK, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 32})
     send(smol, "beside", free)
     out = collect(smol, ["forced", "beside"])
@@ -342,8 +349,9 @@ def test_abort_during_a_streaming_call(smol):
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_random_tiny_models_emit_valid_calls_under_the_grammar(tiny, arch):
     sched = tiny[arch]
-    send(sched, arch, {"messages": ASK, "tools": [SWITCH, WEATHER], "tool_choice": {"type": "function", "name": "set_light"}, "max_tokens": 40})
-    out = _run(sched, arch, {})
+    named = {"type": "function", "name": "set_light"}
+    send(sched, arch, {"messages": ASK, "tools": [SWITCH, WEATHER], "tool_choice": named, "max_tokens": 40})
+    out = _run(sched, arch)
     deltas, done = _calls(out["stream"])
     assert len(done) == 1, out["result"]
     _check_call(done[0], SWITCH)
@@ -351,7 +359,7 @@ def test_random_tiny_models_emit_valid_calls_under_the_grammar(tiny, arch):
     _no_call_text(out["stream"])
     assert out["result"]["text"] == ""  # the result's text is what is spoken: no call markup
     text = sched.tokenizer.decode(out["result"]["token_ids"])
-    assert text.startswith("<tool_call>") if arch == "qwen2" else text.startswith('{"name": "set_light", "parameters": ')
+    assert text.startswith("<tool_call>" if arch == "qwen2" else '{"name": "set_light", "parameters": ')
 
 
 def test_grammar_mask_on_the_static_kv_path(tiny, tmp_path):
@@ -364,7 +372,7 @@ def test_grammar_mask_on_the_static_kv_path(tiny, tmp_path):
     try:
         free = {"messages": ASK, "max_tokens": 8, "ignore_eos": True}
         send(sched, "alone", free)
-        alone = _run(sched, "alone", {})["result"]
+        alone = _run(sched, "alone")["result"]
         forced = {"messages": ASK, "tools": [SWITCH], "tool_choice": "required", "max_tokens": 40}
         send(sched, "forced", forced)
         send(sched, "free", free)
@@ -414,25 +422,29 @@ def test_openai_server_streams_tool_calls_in_chat_format(server):
                 if line.startswith("data: ") and line != "data: [DONE]":
                     chunks.append(ChatCompletionChunk.model_validate(json.loads(line[6:])))
         calls = [tc for c in chunks for ch in c.choices for tc in (ch.delta.tool_calls or [])]
-        assert calls[0].id.startswith("call_") and calls[0].function.name == "get_weather" and calls[0].type == "function"
+        assert calls[0].id.startswith("call_") and calls[0].type == "function"
+        assert calls[0].function.name == "get_weather"
         assert all(tc.id is None and tc.function.name is None for tc in calls[1:])  # OpenAI: first delta only
-        _check_call({"name": "get_weather", "call_id": calls[0].id, "arguments": "".join(tc.function.arguments for tc in calls)}, WEATHER)
+        args = "".join(tc.function.arguments for tc in calls)
+        _check_call({"name": "get_weather", "call_id": calls[0].id, "arguments": args}, WEATHER)
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
         assert not "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
         # non-streaming: message.tool_calls; a bad schema: 400 naming the field
         r = client.post("/chat/completions", json={**body, "stream": False})
         msg = r.json()["choices"][0]["message"]
         assert msg["content"] is None and msg["tool_calls"][0]["function"]["name"] == "get_weather"
-        bad = {**body, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": 3}}}]}
+        bad_fn = {"name": "f", "parameters": {"type": "object", "required": 3}}
+        bad = {**body, "tools": [{"type": "function", "function": bad_fn}]}
         r = client.post("/chat/completions", json=bad)
         assert r.status_code == 400 and "tools[0].parameters.required" in r.json()["error"]["message"]
 
 
 def test_remote_engine_maps_upstream_tool_calls(remote, smol):
-    req = {"messages": ASK, "tools": [WEATHER, BOOK], "tool_choice": {"type": "function", "name": "get_weather"}, "max_tokens": 40}
+    named = {"type": "function", "name": "get_weather"}
+    req = {"messages": ASK, "tools": [WEATHER, BOOK], "tool_choice": named, "max_tokens": 40}
     send(remote, "rt", req)
     send(smol, "lc", req)
-    got, want = _run(remote, "rt", {}), _run(smol, "lc", {})
+    got, want = _run(remote, "rt"), _run(smol, "lc")
     deltas, done = _calls(got["stream"])
     _, want_done = _calls(want["stream"])
     assert len(done) == 1 and done[0]["arguments"] == want_done[0]["arguments"]  # same greedy call as in-process
@@ -463,6 +475,6 @@ def test_remote_auto_text_answer_passes_through(remote, smol):
     req = {"messages": ASK, "tools": [WEATHER], "max_tokens": 12}
     send(remote, "ra2", req)
     send(smol, "la2", req)
-    got, want = _run(remote, "ra2", {}), _run(smol, "la2", {})
+    got, want = _run(remote, "ra2"), _run(smol, "la2")
     assert got["result"]["text"] == want["result"]["text"] == "".join(c["text"] for c in got["stream"])
     assert got["result"]["text"] and "tool_calls" not in got["result"]

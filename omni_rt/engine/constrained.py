@@ -88,7 +88,8 @@ def call_grammar(fmt: str, tools: list[dict], tool_choice: Any, parallel: bool =
         if fmt == "llama3":
             rules.append(f"call{i}: {_lit(head)} args{i} {_lit('}')}")
         else:
-            rules.append(f"call{i}: {_lit('<tool_call>' + chr(10) + head)} args{i} {_lit('}' + chr(10) + '</tool_call>')}")
+            open_, close = _lit("<tool_call>\n" + head), _lit("}\n</tool_call>")
+            rules.append(f"call{i}: {open_} args{i} {close}")
         rules.append(f"args{i}: %json {json.dumps(schema)}")
     sep = _lit(";\n" if fmt == "llama3" else "\n")
     alts = " | ".join(f"call{i}" for i in range(len(tools)))

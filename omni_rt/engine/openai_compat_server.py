@@ -4,8 +4,8 @@ any AR scheduler — e.g. the built-in engine, so one omni-rt box can serve as t
 Streaming is SSE. A client that goes away aborts its request in the scheduler (KV slot freed at the next step).
 Function calling as in chat completions: ``tools``, ``tool_choice`` (``required`` / named decode under a
 JSON-schema grammar), ``parallel_tool_calls``; tool calls stream as ``delta.tool_calls`` and end with
-``finish_reason: "tool_calls"``. Extensions to the OpenAI schema: ``top_k``, ``ignore_eos``, ``stop_token_ids``; ``user`` (or ``session_id``)
-keys per-session prefix reuse; each choice carries ``token_ids``; temperature defaults to greedy.
+``finish_reason: "tool_calls"``. Extensions to the OpenAI schema: ``top_k``, ``ignore_eos``,
+``stop_token_ids``; ``user`` (or ``session_id``) keys per-session prefix reuse; each choice carries ``token_ids``; temperature defaults to greedy.
 """
 
 from __future__ import annotations
@@ -204,7 +204,11 @@ def create_app(scheduler: Any, *, model_name: str = "omni-rt") -> FastAPI:
             if chat and res.get("tool_calls"):
                 c["message"]["content"] = c["message"]["content"] or None
                 c["message"]["tool_calls"] = [
-                    {"id": t["call_id"], "type": "function", "function": {"name": t["name"], "arguments": t["arguments"]}}
+                    {
+                        "id": t["call_id"],
+                        "type": "function",
+                        "function": {"name": t["name"], "arguments": t["arguments"]},
+                    }
                     for t in res["tool_calls"]
                 ]
             return c

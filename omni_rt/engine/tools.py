@@ -135,7 +135,8 @@ def check_message(m: Any, i: int) -> dict[str, Any]:
             args = fn.get("arguments", "{}")
             if not isinstance(args, str):
                 args = json.dumps(args)
-            norm.append({"id": str(c.get("id") or ""), "type": "function", "function": {"name": fn["name"], "arguments": args}})
+            fn = {"name": fn["name"], "arguments": args}
+            norm.append({"id": str(c.get("id") or ""), "type": "function", "function": fn})
         if not isinstance(content, str):
             raise ValueError(f"{where}.content must be a string")
         return {"role": role, "content": content, "tool_calls": norm}
