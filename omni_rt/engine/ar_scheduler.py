@@ -31,6 +31,7 @@ from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
 from omni_rt.engine.request import parse_request
 from omni_rt.engine.sampling import make_generator
 from omni_rt.engine.sequence import Sequence
+from omni_rt.engine.tools import ToolStream, detect_format, render_prompt
 from omni_rt.engine.torch_engine import TorchEngine
 from omni_rt.stages.contracts import TextDelta
 
@@ -73,6 +74,7 @@ class ARScheduler(ThreadedScheduler):
         self._waiting: deque[Sequence] = deque()
         self._rows: list[Sequence] = []  # invariant: self._rows[i].slot == i
         self._live: dict[str, Sequence] = {}
+        self._grammars = None  # constrained.GrammarFactory, built on the first forced tool choice
 
     def live_state(self) -> int:
         return len(self._live)
@@ -126,7 +128,9 @@ class ARScheduler(ThreadedScheduler):
 
     def _decode(self, rows: list[Sequence]) -> list[int]:
         t0 = time.perf_counter()
-        tokens = self.engine.decode(len(rows), [s.req.sampling for s in rows], [s.generator for s in rows])
+        mask = self._grammar_mask(rows)
+        kw = {"mask": mask} if mask is not None else {}
+        tokens = self.engine.decode(len(rows), [s.req.sampling for s in rows], [s.generator for s in rows], **kw)
         m = self.metrics
         m["decode_steps"] += 1
         m["decode_rows"] += len(rows)
@@ -136,7 +140,11 @@ class ARScheduler(ThreadedScheduler):
     def _run_step(self, rows: list[Sequence], future: Future | None = None) -> list[int] | None:
         """Finish a decode step; a failing step fails the requests in it (it cannot be attributed to one)."""
         try:
-            return future.result() if future is not None else self._decode(rows)
+            tokens = future.result() if future is not None else self._decode(rows)
+            for seq, tok in zip(rows, tokens):  # grammars advance before the next step's mask is built
+                if seq.tools is not None and seq.tools.grammar is not None and not seq.finished:
+                    seq.tools.grammar.consume(tok)
+            return tokens
         except Exception as exc:
             for seq in rows:
                 if not seq.finished:
@@ -190,22 +198,21 @@ class ARScheduler(ThreadedScheduler):
             self._waiting.append(seq)
         elif msg.type == "abort":
             seq = self._live.get(rid)
-            if seq is None or seq.finished:
+            if seq is None:
+                # a closed session is aborted by its id: forget the KV kept for its next turn
+                self.prefix_store.drop(rid)
+                return
+            if seq.finished:
                 return
             seq.finish_reason = "abort"
             if seq in self._waiting:
                 self._waiting.remove(seq)
                 del self._live[rid]
             self.emit(rid, "result", seq.result())  # a running one frees its slot at the next reap
-        elif msg.type == "session_close":
-            self.prefix_store.drop(rid)  # forget the KV kept for the session's next turn
         else:
             self.emit_error(
                 rid, f"{msg.type} is not accepted: send the whole prompt as new_request", code="unsupported"
             )
-
-    def close_session(self, session_id: str) -> None:
-        self.inbox.put(IncomingMessage(session_id, "session_close"))
 
     def _make_sequence(self, rid: str, data: Any) -> Sequence:
         req = parse_request(data, self.default_max_tokens)
@@ -213,7 +220,7 @@ class ARScheduler(ThreadedScheduler):
         if req.messages is not None:
             if tok is None:
                 raise ValueError("'messages' need a tokenizer; this engine has none (send 'prompt_ids')")
-            text = tok.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=False)
+            text = render_prompt(tok, req.messages, req.tools, req.tool_choice)
             prompt_ids = list(tok(text, add_special_tokens=False)["input_ids"])
         else:
             prompt_ids = req.prompt_ids
@@ -227,9 +234,37 @@ class ARScheduler(ThreadedScheduler):
         req.max_tokens = min(req.max_tokens, room)
         stop_ids = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else self.eos_token_ids)
         text = TextStream(tok, req.stop) if tok is not None and req.output == "text" else None
-        return Sequence(
+        seq = Sequence(
             rid, req, prompt_ids, stop_ids, text, generator=make_generator(req.sampling, self.engine.device)
         )
+        seq.tools = self._tool_stream(req)
+        return seq
+
+    def _tool_stream(self, req) -> ToolStream | None:
+        """Parser (and, for a forced ``tool_choice``, grammar) of a request that offers tools."""
+        if not req.tools or req.tool_choice == "none":
+            return None
+        if req.messages is None or req.output != "text":
+            raise ValueError("'tools' need a 'messages' request with text output")
+        fmt = detect_format(self.tokenizer)
+        if self._grammars is None:  # a session offering tools may force a call next: get the grammar ready
+            from omni_rt.engine.constrained import GrammarFactory
+
+            self._grammars = GrammarFactory(self.tokenizer, self.engine.vocab_size, self.eos_token_ids)
+            self._grammars.warm()
+        grammar = None
+        if req.tool_choice == "required" or isinstance(req.tool_choice, dict):
+            grammar = self._grammars.for_tools(fmt, req.tools, req.tool_choice, bool(req.parallel_tool_calls))
+        return ToolStream(fmt, grammar)
+
+    def _grammar_mask(self, rows: list[Sequence]):
+        """[B, V] bool mask of the rows' grammars, or None when no row is constrained."""
+        if not any(s.tools is not None and s.tools.grammar is not None for s in rows):
+            return None
+        from omni_rt.engine.constrained import batch_mask
+
+        grammars = [s.tools.grammar if s.tools is not None else None for s in rows]
+        return batch_mask(grammars, self.engine.vocab_size, self.engine.device)
 
     # ------------------------------------------------------------------ slots
     def _admit(self) -> None:
@@ -239,7 +274,11 @@ class ARScheduler(ThreadedScheduler):
             try:
                 t0 = time.perf_counter()
                 start = self._restore_prefix(seq, slot)
-                tok = self.engine.prefill(slot, seq.prompt_ids[start:], start, seq.req.sampling, seq.generator)
+                mask = self._grammar_mask([seq])
+                kw = {"mask": mask} if mask is not None else {}
+                tok = self.engine.prefill(slot, seq.prompt_ids[start:], start, seq.req.sampling, seq.generator, **kw)
+                if mask is not None:
+                    seq.tools.grammar.consume(tok)
                 self.metrics["prefill_tokens"] += len(seq.prompt_ids) - start
                 self.metrics["prefill_s"] += time.perf_counter() - t0
             except Exception as exc:
@@ -299,7 +338,10 @@ class ARScheduler(ThreadedScheduler):
             seq.finish_reason = "error"
             self.emit_error(seq.request_id, exc, code="detokenize_error")
             return
-        if text or ids:
+        if seq.tools is not None:  # tool calls split out of the text: the talker only sees "text"
+            for chunk in seq.tools.chunks(text, ids, final=seq.finished):
+                self.emit(seq.request_id, "stream", chunk)
+        elif text or ids:
             self.emit(seq.request_id, "stream", TextDelta(text, ids))
         if seq.finished:
             self.emit(seq.request_id, "result", seq.result())

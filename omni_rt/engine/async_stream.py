@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 
 from omni_rt.core.scheduler import ThreadedScheduler
 from omni_rt.engine.request import GenRequest, parse_request, result_payload
+from omni_rt.engine.tools import ToolStream, UpstreamToolCalls, detect_format, render_prompt
 from omni_rt.stages.contracts import TextDelta
 
 
@@ -28,6 +29,7 @@ class Delta:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
+    tool_calls: list[dict] = field(default_factory=list)  # raw OpenAI ``delta.tool_calls`` entries
 
 
 class UpstreamError(RuntimeError):
@@ -103,16 +105,31 @@ class AsyncStreamScheduler(ThreadedScheduler):
         except ValueError as exc:
             self.emit_error(rid, exc, code="bad_request")
             return
+        calls = UpstreamToolCalls()  # structured ``tool_calls`` deltas (an upstream with a tool-call parser)
+        texts = self._text_tools(req)  # calls written into the text (an upstream without one; in-process sglang)
         try:
             async for d in self.generate(rid, req):
-                if d.text or d.token_ids:
+                if d.text or d.token_ids or d.tool_calls:
                     first = first or time.perf_counter()
                     chunks += 1
-                    text.append(d.text)
                     ids.extend(d.token_ids)
-                    self.emit(rid, "stream", TextDelta(d.text, list(d.token_ids)))
+                    out = calls.feed(d.tool_calls, list(d.token_ids)) if d.tool_calls else []
+                    tok_ids = [] if d.tool_calls else list(d.token_ids)
+                    if texts is not None:  # tool calls never reach "text" (the talker speaks it)
+                        out += texts.chunks(d.text, tok_ids, final=False)
+                    elif d.text or tok_ids:
+                        out.append(TextDelta(d.text, tok_ids))
+                    text.append(d.text)
+                    for chunk in out:
+                        self.emit(rid, "stream", chunk)
                 finish = d.finish_reason or finish
                 usage = d.usage or usage
+                if d.finish_reason:
+                    for chunk in calls.finish():
+                        self.emit(rid, "stream", chunk)
+            # the upstream finished (with or without a finish_reason): close what is open, release held text
+            for chunk in calls.finish() + (texts.chunks("", [], final=True) if texts is not None else []):
+                self.emit(rid, "stream", chunk)
         except asyncio.CancelledError:
             finish = "abort"
         except UpstreamError as exc:
@@ -127,20 +144,27 @@ class AsyncStreamScheduler(ThreadedScheduler):
             rid,
             "result",
             result_payload(
-                text="".join(text),
+                text="".join(texts.spoken) if texts is not None else "".join(text),
                 token_ids=ids,
                 finish_reason=finish or "stop",
                 prompt_tokens=prompt_tokens,
                 cached_tokens=usage.get("cached_tokens", 0),
                 completion_tokens=usage.get("completion_tokens", len(ids) or chunks),
                 ttft_ms=round(((first or time.perf_counter()) - t0) * 1000.0, 3),
+                tool_calls=calls.result_calls() + (texts.result_calls() if texts is not None else []),
             ),
         )
+
+    def _text_tools(self, req: GenRequest) -> ToolStream | None:
+        """A parser for tool calls written into the streamed text, when the request offers tools."""
+        if not req.tools or req.tool_choice == "none":
+            return None
+        return ToolStream(detect_format(self.tokenizer) if self.tokenizer is not None else "hermes")
 
     def _count_prompt(self, req: GenRequest) -> int:
         if req.prompt_ids is not None:
             return len(req.prompt_ids)
         if self.tokenizer is None:
             return 0
-        text = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=False)
+        text = render_prompt(self.tokenizer, req.messages, req.tools, req.tool_choice)
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])

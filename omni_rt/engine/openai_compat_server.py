@@ -2,8 +2,10 @@
 any AR scheduler — e.g. the built-in engine, so one omni-rt box can serve as the remote thinker of others.
 
 Streaming is SSE. A client that goes away aborts its request in the scheduler (KV slot freed at the next step).
-Extensions to the OpenAI schema: ``top_k``, ``ignore_eos``, ``stop_token_ids``; ``user`` (or ``session_id``)
-keys per-session prefix reuse; each choice carries ``token_ids``; temperature defaults to greedy.
+Function calling as in chat completions: ``tools``, ``tool_choice`` (``required`` / named decode under a
+JSON-schema grammar), ``parallel_tool_calls``; tool calls stream as ``delta.tool_calls`` and end with
+``finish_reason: "tool_calls"``. Extensions to the OpenAI schema: ``top_k``, ``ignore_eos``,
+``stop_token_ids``; ``user`` (or ``session_id``) keys per-session prefix reuse; each choice carries ``token_ids``; temperature defaults to greedy.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from omni_rt.core.messages import IncomingMessage, OutgoingMessage
+from omni_rt.stages.contracts import ToolCallDelta, ToolCallDone
 
 
 class _Bridge:
@@ -64,11 +67,43 @@ def _content(content: Any) -> str:
     return content if isinstance(content, str) else ""
 
 
+def _message(m: Any) -> Any:
+    if not isinstance(m, dict):
+        return m  # parse_request names the bad message
+    out = {"role": m.get("role"), "content": _content(m.get("content"))}
+    for key in ("tool_calls", "tool_call_id"):
+        if m.get(key) is not None:
+            out[key] = m[key]
+    return out
+
+
+def _flat_tools(tools: Any) -> Any:
+    """Chat-completions tools (``{"type": "function", "function": {...}}``) -> the engine's flat shape."""
+    if not isinstance(tools, list):
+        return tools  # validate_tools names the problem
+    out = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict):
+            raise ValueError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name', 'parameters'}}}}")
+        flat = {"type": t.get("type"), "name": fn.get("name")}
+        for key in ("description", "parameters", "strict"):
+            if key in fn:
+                flat[key] = fn[key]
+        out.append(flat)
+    return out
+
+
 def to_new_request(body: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
     """OpenAI request body -> the AR scheduler's ``new_request`` data."""
     data: dict[str, Any] = {}
     if "messages" in body:
-        data["messages"] = [{"role": m.get("role"), "content": _content(m.get("content"))} for m in body["messages"]]
+        data["messages"] = [_message(m) for m in body["messages"]]
+        if body.get("tools"):
+            data["tools"] = _flat_tools(body["tools"])
+        for key in ("tool_choice", "parallel_tool_calls"):
+            if body.get(key) is not None:
+                data[key] = body[key]
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
@@ -166,6 +201,30 @@ def create_app(scheduler: Any, *, model_name: str = "omni-rt") -> FastAPI:
                 c["message"] = {"role": "assistant", "content": text}
             return c
 
+        def with_calls(c: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
+            if chat and res.get("tool_calls"):
+                c["message"]["content"] = c["message"]["content"] or None
+                c["message"]["tool_calls"] = [
+                    {
+                        "id": t["call_id"],
+                        "type": "function",
+                        "function": {"name": t["name"], "arguments": t["arguments"]},
+                    }
+                    for t in res["tool_calls"]
+                ]
+            return c
+
+        started_calls: set[int] = set()
+
+        def call_delta(tc: ToolCallDelta, ids: list[int]) -> dict[str, Any]:
+            """A ``tool_calls`` delta: id, type and name on a call's first chunk only, as OpenAI streams them."""
+            entry: dict[str, Any] = {"index": tc.index, "function": {"arguments": tc.arguments_delta}}
+            if tc.index not in started_calls:
+                started_calls.add(tc.index)
+                entry.update(id=tc.call_id, type="function")
+                entry["function"]["name"] = tc.name
+            return {"index": 0, "finish_reason": None, "token_ids": ids, "delta": {"tool_calls": [entry]}}
+
         if not body.get("stream"):
             msg = first
             async for msg in stream:
@@ -178,7 +237,7 @@ def create_app(scheduler: Any, *, model_name: str = "omni-rt") -> FastAPI:
                 "object": obj,
                 "created": created,
                 "model": model_name,
-                "choices": [choice(res["text"], res["token_ids"], res["finish_reason"], False)],
+                "choices": [with_calls(choice(res["text"], res["token_ids"], res["finish_reason"], False), res)],
                 "usage": usage(res),
             }
 
@@ -199,7 +258,12 @@ def create_app(scheduler: Any, *, model_name: str = "omni-rt") -> FastAPI:
                     yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
                 msg = first
                 while True:
-                    if msg.type == "stream":
+                    if msg.type == "stream" and isinstance(msg.data, ToolCallDone):
+                        pass  # the OpenAI stream has no per-call end; finish_reason "tool_calls" closes them
+                    elif msg.type == "stream" and isinstance(msg.data, ToolCallDelta):
+                        if chat:
+                            yield chunk([call_delta(msg.data, msg.data.token_ids)])
+                    elif msg.type == "stream":
                         yield chunk([choice(msg.data.text, msg.data.token_ids, None, True)])
                     elif msg.type == "result":
                         yield chunk([choice("", [], msg.data["finish_reason"], True)])

@@ -19,6 +19,7 @@ import httpx
 
 from omni_rt.engine.async_stream import AsyncStreamScheduler, Delta, UpstreamError
 from omni_rt.engine.request import GenRequest
+from omni_rt.engine.tools import chat_tools
 
 _RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError, httpx.ReadError)
 
@@ -53,6 +54,14 @@ def request_body(req: GenRequest, model: str) -> dict[str, Any]:
         body["user"] = req.session_id  # omni-rt's server keys prefix reuse on it; others ignore it
     if req.output == "tokens":
         body["return_token_ids"] = True
+    if req.tools and req.tool_choice != "none":  # "none": no tools offered at all, as the built-in engine does
+        body["tools"] = chat_tools(req.tools)
+        choice = req.tool_choice
+        if isinstance(choice, dict):
+            choice = {"type": "function", "function": {"name": choice["name"]}}
+        body["tool_choice"] = choice
+        if req.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = req.parallel_tool_calls
     return body
 
 
@@ -77,6 +86,7 @@ def parse_sse_chunk(obj: dict) -> Delta:
         delta = ch.get("delta") or {}
         d.text += delta.get("content") or ch.get("text") or ""
         d.token_ids.extend(ch.get("token_ids") or delta.get("token_ids") or [])
+        d.tool_calls.extend(delta.get("tool_calls") or [])
         d.finish_reason = ch.get("finish_reason") or d.finish_reason
     return d
 
@@ -134,7 +144,7 @@ class RemoteScheduler(AsyncStreamScheduler):
                         if payload == "[DONE]":
                             return
                         delta = parse_sse_chunk(json.loads(payload))
-                        started = started or bool(delta.text or delta.token_ids)
+                        started = started or bool(delta.text or delta.token_ids or delta.tool_calls)
                         yield delta
                     return
             except httpx.ReadTimeout as exc:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from omni_rt.engine.tools import check_message, parse_tool_choice, validate_tools
+
 OutputMode = Literal["text", "tokens"]
 
 
@@ -37,9 +39,10 @@ class GenRequest:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     output: OutputMode = "text"
+    tools: list[dict[str, Any]] | None = None  # Realtime flat function tools (omni_rt.engine.tools)
+    tool_choice: Any = "auto"  # "auto" | "none" | "required" | {"type": "function", "name": str}
+    parallel_tool_calls: bool | None = None  # a forced choice decodes one call unless True
 
-
-_ROLES = {"system", "user", "assistant"}
 
 
 def _num(data: dict, key: str, kind: type, default: Any, lo: float | None = None, hi: float | None = None) -> Any:
@@ -69,10 +72,7 @@ def parse_request(data: Any, default_max_tokens: int) -> GenRequest:
     if messages is not None:
         if not isinstance(messages, list) or not messages:
             raise ValueError("'messages' must be a non-empty list")
-        for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
-                raise ValueError(f"bad message {m!r}: need {{'role': system|user|assistant, 'content': str}}")
-        messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        messages = [check_message(m, i) for i, m in enumerate(messages)]
     else:
         if not isinstance(prompt_ids, list) or not prompt_ids:
             raise ValueError("'prompt_ids' must be a non-empty list of ints")
@@ -94,6 +94,13 @@ def parse_request(data: Any, default_max_tokens: int) -> GenRequest:
     if session_id is not None and not isinstance(session_id, str):
         raise ValueError("'session_id' must be a string")
     seed = data.get("seed")
+    tools = data.get("tools") or None
+    if tools is not None:
+        validate_tools(tools)
+    tool_choice = parse_tool_choice(data.get("tool_choice"), tools)
+    parallel = data.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise ValueError("'parallel_tool_calls' must be a boolean")
     return GenRequest(
         prompt_ids=prompt_ids,
         messages=messages,
@@ -109,6 +116,9 @@ def parse_request(data: Any, default_max_tokens: int) -> GenRequest:
         stop_token_ids=tuple(stop_ids),
         ignore_eos=bool(data.get("ignore_eos", False)),
         output=output,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
     )
 
 
@@ -121,15 +131,22 @@ def result_payload(
     cached_tokens: int,
     completion_tokens: int,
     ttft_ms: float,
+    tool_calls: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """The ``result`` data every backend emits (one shape, so stages never branch on the backend)."""
-    return {
+    """The ``result`` data every backend emits (one shape, so stages never branch on the backend).
+
+    ``tool_calls`` (``[{"call_id", "name", "arguments"}]``, complete calls only) turns a natural end into
+    ``finish_reason: "tool_calls"``; an aborted or cut-off answer keeps its own reason."""
+    out = {
         "text": text,
         "token_ids": token_ids,
-        "finish_reason": finish_reason,
+        "finish_reason": "tool_calls" if tool_calls and finish_reason == "stop" else finish_reason,
         "prompt_tokens": prompt_tokens,
         "cached_tokens": cached_tokens,
         "prefilled_tokens": prompt_tokens - cached_tokens,
         "completion_tokens": completion_tokens,
         "ttft_ms": ttft_ms,
     }
+    if tool_calls:
+        out["tool_calls"] = tool_calls
+    return out

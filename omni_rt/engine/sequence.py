@@ -27,6 +27,7 @@ class Sequence:
     finish_reason: str | None = None
     first_token_at: float | None = None
     cached_tokens: int = 0
+    tools: Any = None  # omni_rt.engine.tools.ToolStream when the request offers tools
 
     @property
     def finished(self) -> bool:
@@ -55,11 +56,12 @@ class Sequence:
     def result(self) -> dict[str, Any]:
         ttft = ((self.first_token_at or time.perf_counter()) - self.arrival) * 1000.0
         return result_payload(
-            text=self.text.text if self.text else "",
+            text="".join(self.tools.spoken) if self.tools is not None else (self.text.text if self.text else ""),
             token_ids=list(self.out_ids),
             finish_reason=self.finish_reason or "abort",
             prompt_tokens=len(self.prompt_ids),
             cached_tokens=self.cached_tokens,
             completion_tokens=len(self.sampled),
             ttft_ms=round(ttft, 3),
+            tool_calls=self.tools.result_calls() if self.tools is not None else None,
         )

@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator
 
 from omni_rt.engine.async_stream import AsyncStreamScheduler, Delta
 from omni_rt.engine.request import GenRequest
+from omni_rt.engine.tools import render_prompt
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,7 @@ class SGLangScheduler(AsyncStreamScheduler):
             params["sampling_seed"] = s.seed
         kwargs: dict[str, Any] = {"sampling_params": params, "stream": True, "rid": request_id}
         if req.messages is not None:
-            kwargs["prompt"] = self.tokenizer.apply_chat_template(
-                req.messages, add_generation_prompt=True, tokenize=False
-            )
+            kwargs["prompt"] = render_prompt(self.tokenizer, req.messages, req.tools, req.tool_choice)
         else:
             kwargs["input_ids"] = req.prompt_ids
         text, n_ids, done = "", 0, False

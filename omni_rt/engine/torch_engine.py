@@ -153,10 +153,17 @@ class TorchEngine:
     # ---------------------------------------------------------------- steps
     @torch.inference_mode()
     def prefill(
-        self, slot: int, token_ids: list[int], start: int, params: SamplingParams, generator: torch.Generator | None
+        self,
+        slot: int,
+        token_ids: list[int],
+        start: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        mask: torch.Tensor | None = None,
     ) -> int:
         """Compute KV for ``token_ids`` at positions ``start..`` of ``slot`` (``[:start]`` already there) and
-        pick the next token, which becomes the slot's next decode input."""
+        pick the next token, which becomes the slot's next decode input. ``mask`` [1, V] bool: allowed tokens
+        (a tool-call grammar)."""
         end = start + len(token_ids)
         if end >= self.max_seq_len:
             raise ValueError(f"prompt of {end} tokens does not fit max_seq_len={self.max_seq_len}")
@@ -168,6 +175,8 @@ class TorchEngine:
         pos = self._arange[start:end]
         allowed = self._arange[None, :end] <= pos[:, None]
         logits = self._forward(ids, pos[None], allowed[None, None])
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))
         tok = sample(logits, [params], [generator])
         self.tokens[slot] = tok[0]
         self.pos[slot] = end
@@ -176,9 +185,14 @@ class TorchEngine:
 
     @torch.inference_mode()
     def decode(
-        self, n: int, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+        self,
+        n: int,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+        mask: torch.Tensor | None = None,
     ) -> list[int]:
-        """One decode step for slots ``0..n-1``: feed each slot's last token, sample the next one."""
+        """One decode step for slots ``0..n-1``: feed each slot's last token, sample the next one.
+        ``mask`` [n, V] bool: allowed tokens per row (grammar rows; unconstrained rows all True)."""
         if self.static_kv:
             bucket = next(b for b in self._buckets() if b >= n)
             if bucket in self.graphs:
@@ -190,6 +204,8 @@ class TorchEngine:
             view_len = max(self.lengths[:n]) + 1
             self.kv.ensure_capacity(view_len)
             logits = self._decode_forward(n, view_len)
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))
         tok = sample(logits, params, generators)
         self.tokens[:n] = tok
         self.pos[:n] += 1

@@ -32,6 +32,7 @@ class ToolCallDelta:
     call_id: str
     name: str
     arguments_delta: str
+    token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
