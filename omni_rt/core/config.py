@@ -112,6 +112,8 @@ class PipelineConfig(BaseModel):
     entry: str
     stages: list[StageConfig]
     roles: PipelineRoles = Field(default_factory=PipelineRoles)
+    voices: list[str] = Field(default_factory=lambda: ["default"], min_length=1,
+                              description="voices the talker can speak, the first is the default (session voice)")
 
     @model_validator(mode="after")
     def _check_graph(self) -> "PipelineConfig":

@@ -224,7 +224,10 @@ def _for_own(messages: list[dict], tools: list[dict] | None) -> list[dict]:
             ]
             out.append({"role": "assistant", "content": "\n".join(filter(None, [m["content"], *blocks]))})
         elif m["role"] == "tool":
-            out.append({"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"})
+            # the small models this prompt serves use a result far more often when told to (measured with
+            # SmolLM2-135M: without the last line it answered from its own knowledge)
+            out.append({"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>\n"
+                                                   "Answer my question using this tool result."})
         else:
             out.append({"role": m["role"], "content": m["content"]})
     if tools:

@@ -117,7 +117,8 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
         beta = ws.query_params.get("beta") in ("1", "true") or "realtime=v1" in ws.headers.get("openai-beta", "")
         model = ws.query_params.get("model")
         options = SessionOptions(model_name=model[:64] if model else runtime.model_name,
-                                 speculative_responses=settings.speculative_responses, beta_events=beta)
+                                 speculative_responses=settings.speculative_responses, beta_events=beta,
+                                 voices=tuple(runtime.config.voices))
         runner = SessionRunner(runtime, RealtimeSession(options, runtime.session_limits()))
         await serve_session(ws, runtime, runner, receive_realtime)
 

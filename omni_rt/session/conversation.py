@@ -13,16 +13,28 @@ MAX_HISTORY_ITEMS = 24  # the prompt keeps the newest items only; the CPU thinke
 
 @dataclass
 class Item:
+    """A conversation item: a ``message`` (role + content), a ``function_call`` the model made, or the
+    client's ``function_call_output`` for it."""
+
     id: str
-    role: str  # user | assistant | system
+    role: str  # user | assistant | system (messages); assistant for function_call, user-side tool for outputs
     content: list[dict[str, Any]]
     status: str = "completed"
     audio_ms: int = 0  # assistant audio length sent so far (for truncate bounds)
     clause_ms: list[tuple[int, str]] = field(default_factory=list)  # (start ms, clause) of spoken audio
+    type: str = "message"  # message | function_call | function_call_output
+    call_id: str = ""
+    name: str = ""
+    arguments: str = ""
+    output: str = ""
 
     def render(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "realtime.item", "type": "message", "role": self.role,
-                "status": self.status, "content": [dict(c) for c in self.content]}
+        base = {"id": self.id, "object": "realtime.item", "type": self.type, "status": self.status}
+        if self.type == "function_call":
+            return {**base, "call_id": self.call_id, "name": self.name, "arguments": self.arguments}
+        if self.type == "function_call_output":
+            return {**base, "call_id": self.call_id, "output": self.output}
+        return {**base, "role": self.role, "content": [dict(c) for c in self.content]}
 
     def text(self) -> str:
         parts = []
@@ -32,6 +44,23 @@ class Item:
                     parts.append(c[key])
                     break
         return " ".join(parts).strip()
+
+    def size(self) -> int:
+        """Characters held (for the per-session conversation cap)."""
+        return sum(len(str(v)) for c in self.content for v in c.values()) + len(self.arguments) + len(self.output)
+
+
+MAX_ITEM_CHARS = 64 * 1024  # one item's text, tool arguments or tool output
+MAX_ITEMS = 512  # items per conversation
+MAX_CONVERSATION_CHARS = 2 * 1024 * 1024  # all items of one conversation together
+
+
+def _short_text(value: Any, param: str) -> str:
+    if not isinstance(value, str):
+        raise ProtocolError("invalid_type", f"{param} must be a string", param)
+    if len(value) > MAX_ITEM_CHARS:
+        raise ProtocolError("string_above_max_length", f"{param} holds {len(value)} characters; at most {MAX_ITEM_CHARS}", param)
+    return value
 
 
 ALLOWED_CONTENT = {
@@ -45,8 +74,20 @@ def item_from_client(data: Any) -> Item:
     """Validate a ``conversation.item.create`` item; only messages are supported (no tools yet)."""
     if not isinstance(data, dict):
         raise ProtocolError("invalid_value", "item must be an object", "item")
-    if data.get("type", "message") != "message":
-        raise ProtocolError("invalid_value", f"item type '{data.get('type')}' is not supported (only 'message')", "item.type")
+    item_id = data.get("id") or new_id("item")
+    if not isinstance(item_id, str) or len(item_id) > 64:
+        raise ProtocolError("invalid_value", "item.id must be a string of at most 64 characters", "item.id")
+    kind = data.get("type", "message")
+    if kind == "function_call_output":
+        call_id = _short_text(data.get("call_id"), "item.call_id")
+        return Item(id=item_id, role="tool", content=[], type=kind, call_id=call_id[:128],
+                    output=_short_text(data.get("output"), "item.output"))
+    if kind == "function_call":
+        return Item(id=item_id, role="assistant", content=[], type=kind, call_id=_short_text(data.get("call_id"), "item.call_id")[:128],
+                    name=_short_text(data.get("name"), "item.name")[:64], arguments=_short_text(data.get("arguments", ""), "item.arguments"))
+    if kind != "message":
+        raise ProtocolError("invalid_value", f"item type '{str(kind)[:32]}' is not supported (message, function_call, "
+                            "function_call_output)", "item.type")
     role = data.get("role")
     if role not in ALLOWED_CONTENT:
         raise ProtocolError("invalid_value", "item.role must be 'user', 'assistant' or 'system'", "item.role")
@@ -64,17 +105,15 @@ def item_from_client(data: Any) -> Item:
             if not isinstance(c.get("transcript"), str):
                 raise ProtocolError("invalid_value", "input_audio content needs a 'transcript' here (audio items are transcribed from the input buffer)",
                                     f"item.content[{i}].transcript")
-            clean.append({"type": "input_audio", "transcript": c["transcript"]})
+            clean.append({"type": "input_audio", "transcript": _short_text(c["transcript"], f"item.content[{i}].transcript")})
             continue
         text = c.get("text", c.get("transcript"))
         if not isinstance(text, str):
             raise ProtocolError("invalid_type", f"item.content[{i}].text must be a string", f"item.content[{i}].text")
+        _short_text(text, f"item.content[{i}].text")
         ctype = "output_text" if ctype == "text" else ctype
         key = "transcript" if ctype == "output_audio" else "text"
         clean.append({"type": ctype, key: text})
-    item_id = data.get("id") or new_id("item")
-    if not isinstance(item_id, str) or len(item_id) > 64:
-        raise ProtocolError("invalid_value", "item.id must be a string of at most 64 characters", "item.id")
     return Item(id=item_id, role=role, content=clean)
 
 
@@ -95,6 +134,12 @@ class Conversation:
         """Insert after ``previous_item_id`` (``root`` = first) or append; returns the actual previous id."""
         if any(it.id == item.id for it in self.items):
             raise ProtocolError("item_id_exists", f"an item with id '{item.id}' already exists", "item.id")
+        if len(self.items) >= MAX_ITEMS:
+            raise ProtocolError("conversation_full", f"the conversation holds {MAX_ITEMS} items, the most a session keeps; "
+                                "delete some with conversation.item.delete", "item")
+        if sum(it.size() for it in self.items) + item.size() > MAX_CONVERSATION_CHARS:
+            raise ProtocolError("conversation_full", f"the conversation would exceed {MAX_CONVERSATION_CHARS} characters; "
+                                "delete some items with conversation.item.delete", "item")
         if previous_item_id is None:
             prev = self.last_id()
             self.items.append(item)
@@ -116,12 +161,23 @@ class Conversation:
         i = ids.index(item_id)
         return ids[i - 1] if i > 0 else None
 
+    def call(self, call_id: str) -> Item | None:
+        return next((it for it in self.items if it.type == "function_call" and it.call_id == call_id), None)
+
     @staticmethod
-    def messages_of(items: list[Item], instructions: str) -> list[dict[str, str]]:
-        """Chat messages for the thinker: instructions, then the newest items (empty ones skipped)."""
-        msgs = [{"role": "system", "content": instructions}] if instructions else []
+    def messages_of(items: list[Item], instructions: str) -> list[dict[str, Any]]:
+        """Chat messages for the thinker: instructions, then the newest items (empty messages skipped).
+        Consecutive function calls become one assistant message with ``tool_calls``; outputs ``tool`` messages."""
+        msgs: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
         for it in items[-MAX_HISTORY_ITEMS:]:
-            text = it.text()
-            if text:
+            if it.type == "function_call":
+                call = {"id": it.call_id, "type": "function", "function": {"name": it.name, "arguments": it.arguments or "{}"}}
+                if msgs and msgs[-1]["role"] == "assistant" and "tool_calls" in msgs[-1]:
+                    msgs[-1]["tool_calls"].append(call)
+                else:
+                    msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            elif it.type == "function_call_output":
+                msgs.append({"role": "tool", "tool_call_id": it.call_id, "content": it.output})
+            elif text := it.text():
                 msgs.append({"role": it.role, "content": text})
         return msgs

@@ -46,6 +46,7 @@ class SessionOptions:
     model_name: str = "omni-rt"
     speculative_responses: bool = True
     beta_events: bool = False
+    voices: tuple[str, ...] = ("default",)  # the preset's voices; the first is the default
 
 
 class RealtimeSession:
@@ -55,7 +56,8 @@ class RealtimeSession:
         self.options = options or SessionOptions()
         self.limits = limits or SessionLimits()
         self.id = new_id("sess")
-        self.config = SessionConfig(model=self.options.model_name, beta_events=self.options.beta_events)
+        voices = tuple(self.options.voices) or ("default",)
+        self.config = SessionConfig(model=self.options.model_name, beta_events=self.options.beta_events, voices=voices, voice=voices[0])
         if session is not None:
             self.config.update(session)
         self.conversation = Conversation()
@@ -240,7 +242,7 @@ class RealtimeSession:
     def _on_partial(self, ev: c.TranscriptPartial) -> None:
         """Partials re-decode the whole turn so far: send only what extends the text already sent."""
         turn = self.turns.peek(ev.turn)
-        if turn is None or self.config.transcription is None:
+        if turn is None or (self.config.transcription is None and self.config.session_type != "transcription"):
             return
         if ev.text.startswith(turn.partial_sent) and len(ev.text) > len(turn.partial_sent):
             delta, turn.partial_sent = ev.text[len(turn.partial_sent):], ev.text
@@ -251,7 +253,8 @@ class RealtimeSession:
         td = self.config.turn_detection or {}
         text = ev.text.strip()
         turn = self.turns.get(ev.turn)
-        if td.get("create_response", True) and text and turn.held is None and self.options.speculative_responses:
+        if (td.get("create_response", True) and text and turn.held is None and self.options.speculative_responses
+                and self.config.session_type == "realtime"):
             turn.held = self._start_response(self.config, held_user_text=text)
 
     def _on_final(self, ev: c.TranscriptFinal) -> None:
@@ -266,12 +269,13 @@ class RealtimeSession:
             return  # the client deleted the item before it was transcribed
         item.content = [{"type": "input_audio", "transcript": text}]
         self._observations.append(("asr_final", ev.after_end_ms / 1000))
-        if self.config.transcription is not None:
+        if self.config.transcription is not None or self.config.session_type == "transcription":
             self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id, "content_index": 0,
                        "transcript": text, "usage": {"type": "duration", "seconds": round(ev.audio_ms / 1000, 3)}})
         self.send({"type": "conversation.item.done", "previous_item_id": self.conversation.previous_id(item.id), "item": item.render()})
         td = self.config.turn_detection
-        wants_answer = td is not None and td.get("create_response", True) and text.strip() and not self.turns.superseded(ev.turn)
+        wants_answer = (td is not None and td.get("create_response", True) and text.strip() and self.config.session_type == "realtime"
+                        and not self.turns.superseded(ev.turn))
         if not wants_answer:
             self._discard(held)
             return
@@ -287,6 +291,8 @@ class RealtimeSession:
     def start_response(self, cfg: SessionConfig, metadata: dict[str, str] | None = None,
                        in_conversation: bool = True, input_items: list[Item] | None = None) -> Response:
         """A client's ``response.create``: refused while another response is active."""
+        if self.config.session_type == "transcription":
+            raise ProtocolError("invalid_request", "a transcription session creates no responses", "type")
         if self.response is not None:
             raise ProtocolError("conversation_already_has_active_response",
                                 f"response {self.response.id} is still in progress; cancel it first", None)
@@ -310,7 +316,10 @@ class RealtimeSession:
             self.response = resp
         cap = self.limits.max_response_tokens
         max_tokens = cap if cfg.max_output_tokens == "inf" else min(int(cfg.max_output_tokens), cap)
-        payload = {"messages": messages, "session_id": self.id if in_conversation else None, "max_tokens": max_tokens}
+        payload: dict[str, Any] = {"messages": messages, "session_id": self.id if in_conversation else None, "max_tokens": max_tokens}
+        if cfg.tools and cfg.tool_choice != "none":
+            payload["tools"] = [dict(t) for t in cfg.tools]
+            payload["tool_choice"] = cfg.tool_choice
         self._emit(resp, {"type": "response.created", "response": resp.render(self.id)})
         prev = self.conversation.add(item) if resp.state is ResponseState.ACTIVE and in_conversation else None
         self._emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": 0, "item": item.render()})
@@ -337,12 +346,49 @@ class RealtimeSession:
             kind = "response.output_audio_transcript.delta" if resp.speaks else "response.output_text.delta"
             self._emit(resp, {"type": kind, "response_id": resp.id, "item_id": resp.item.id, "output_index": 0,
                               "content_index": 0, "delta": data.text})
+        elif role == "text" and isinstance(data, c.ToolCallDelta):
+            self._on_call_delta(resp, data)
+        elif role == "text" and isinstance(data, c.ToolCallDone):
+            self._on_call_done(resp, data)
         elif role == "clauses" and resp.speaks and isinstance(data, c.Clause):
             resp.item.clause_ms.append((int(resp.clause_start_ms), data.text))
             resp.clause_start_ms += data.duration_ms
         elif role == "audio" and resp.speaks and isinstance(data, c.PcmChunk):
             pcm = encoder.encode(pcm16_to_float(data.pcm)) if encoder is not None else data.pcm
             self._send_audio(resp, pcm, data.samples)
+
+    def _on_call_delta(self, resp: Response, d: c.ToolCallDelta) -> None:
+        """The model is calling a tool: a ``function_call`` output item whose arguments stream."""
+        item = resp.calls.get(d.index)
+        if item is None:
+            item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress", type="function_call",
+                        call_id=d.call_id, name=d.name)
+            resp.calls[d.index] = item
+            resp.output.append(item)
+            prev = self.conversation.add(item) if resp.in_conversation and resp.state is ResponseState.ACTIVE else None
+            self._emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": resp.output_index(item),
+                              "item": item.render()})
+            if resp.in_conversation:
+                self._emit(resp, {"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
+        if d.arguments_delta:
+            item.arguments += d.arguments_delta
+            self._emit(resp, {"type": "response.function_call_arguments.delta", "response_id": resp.id, "item_id": item.id,
+                              "output_index": resp.output_index(item), "call_id": item.call_id, "delta": d.arguments_delta})
+
+    def _on_call_done(self, resp: Response, d: c.ToolCallDone) -> None:
+        item = resp.calls.get(d.index)
+        if item is None:
+            self._on_call_delta(resp, c.ToolCallDelta(d.index, d.call_id, d.name, ""))
+            item = resp.calls[d.index]
+        item.arguments, item.status = d.arguments, "completed"
+        self._emit(resp, {"type": "response.function_call_arguments.done", "response_id": resp.id, "item_id": item.id,
+                          "output_index": resp.output_index(item), "call_id": item.call_id, "name": item.name,
+                          "arguments": item.arguments})
+        self._emit(resp, {"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(item),
+                          "item": item.render()})
+        if resp.in_conversation:
+            self._emit(resp, {"type": "conversation.item.done", "previous_item_id": self.conversation.previous_id(item.id)
+                              if item in self.conversation.items else None, "item": item.render()})
 
     def receive_result(self, response_id: str, result: Any) -> None:
         """The response's pipeline result: it completed."""
@@ -395,6 +441,8 @@ class RealtimeSession:
         resp.state = ResponseState.ACTIVE
         resp.turn_end = turn.end_at or time.perf_counter()
         prev = self.conversation.add(resp.item)
+        for call in resp.calls.values():
+            self.conversation.add(call)
         self.response = resp
         for ev in resp.held_events:
             if ev["type"] in ("conversation.item.added", "conversation.item.done"):
@@ -475,6 +523,11 @@ class RealtimeSession:
         if resp.in_conversation:
             self.send({"type": "conversation.item.done", "item": item.render(),
                        "previous_item_id": self.conversation.previous_id(item.id) if item in self.conversation.items else None})
+        for call in resp.calls.values():
+            if call.status == "in_progress":  # cut off (cancelled, or the token limit): never reported as a whole call
+                call.status = "incomplete"
+                self.send({"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(call),
+                           "item": call.render()})
         self.send({"type": "response.done", "response": resp.render(self.id)})
 
     def live_state(self) -> dict[str, int]:

@@ -48,6 +48,9 @@ def input_audio_clear(s: "RealtimeSession", event: dict[str, Any]) -> None:
 
 def item_create(s: "RealtimeSession", event: dict[str, Any]) -> None:
     item = item_from_client(event.get("item"))
+    if item.type == "function_call_output" and s.conversation.call(item.call_id) is None:
+        raise ProtocolError("invalid_value", f"no function_call with call_id '{item.call_id}' in the conversation",
+                            "item.call_id")
     prev = event.get("previous_item_id")
     if prev is not None and not isinstance(prev, str):
         raise ProtocolError("invalid_type", "previous_item_id must be a string", "previous_item_id")
@@ -94,17 +97,69 @@ def item_truncate(s: "RealtimeSession", event: dict[str, Any]) -> None:
     s.send({"type": "conversation.item.truncated", "item_id": item_id, "content_index": 0, "audio_end_ms": audio_end_ms})
 
 
+RESPONSE_FIELDS = {"instructions", "output_modalities", "modalities", "max_output_tokens", "max_response_output_tokens",
+                   "audio", "voice", "output_audio_format", "tools", "tool_choice", "metadata", "conversation", "input",
+                   "temperature", "prompt"}
+MAX_METADATA_KEYS = 16
+
+
+def _metadata(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > MAX_METADATA_KEYS or not all(
+            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in value.items()):
+        raise ProtocolError("invalid_value", f"metadata must map at most {MAX_METADATA_KEYS} string keys (<= 64 chars) to "
+                            "strings (<= 512 chars)", "response.metadata")
+    return dict(value)
+
+
+def _input_items(s: "RealtimeSession", value: Any) -> list:
+    if not isinstance(value, list):
+        raise ProtocolError("invalid_type", "response.input must be a list of items", "response.input")
+    items = []
+    for i, raw in enumerate(value):
+        if isinstance(raw, dict) and raw.get("type") == "item_reference":
+            try:
+                items.append(s.conversation.get(raw.get("id")))
+            except ProtocolError:
+                raise ProtocolError("item_not_found", f"response.input[{i}] references no item '{str(raw.get('id'))[:64]}'",
+                                    f"response.input[{i}].id") from None
+            continue
+        try:
+            items.append(item_from_client(raw))
+        except ProtocolError as exc:
+            raise ProtocolError(exc.code, exc.message, f"response.input[{i}]" + (exc.param or "")[4:]) from None
+    return items
+
+
 def response_create(s: "RealtimeSession", event: dict[str, Any]) -> None:
+    """Absent or null fields inherit from the session; the others apply to this response only."""
     params = event.get("response")
     if params is None:
         params = {}
     if not isinstance(params, dict):
         raise ProtocolError("invalid_type", "response must be an object", "response")
+    params = {k: v for k, v in params.items() if v is not None}
+    for key in params:
+        if key not in RESPONSE_FIELDS:
+            raise ProtocolError("unknown_parameter", f"response.{key[:40]} is not a response.create field", f"response.{key[:40]}")
+    if params.get("temperature") is not None or params.get("prompt") is not None:
+        key = "temperature" if "temperature" in params else "prompt"
+        raise ProtocolError("unsupported_value", f"response.{key} is not supported by this server", f"response.{key}")
     cfg = s.config.copy()
-    # absent or null fields inherit from the session
-    cfg.update({k: v for k, v in params.items()
-                if k in ("instructions", "output_modalities", "modalities", "max_output_tokens") and v is not None})
-    s.start_response(cfg)
+    try:
+        cfg.update({k: v for k, v in params.items() if k in ("instructions", "output_modalities", "modalities", "max_output_tokens",
+                                                              "max_response_output_tokens", "audio", "voice", "output_audio_format")})
+        if "tools" in params or "tool_choice" in params:
+            cfg._set_tools(params.get("tools", cfg.tools), params.get("tool_choice", cfg.tool_choice), prefix="response")
+    except ProtocolError as exc:
+        param = exc.param or ""
+        raise ProtocolError(exc.code, exc.message, "response." + param.removeprefix("session.").removeprefix("response.")) from None
+    conversation = params.get("conversation", "auto")
+    if conversation not in ("auto", "none"):
+        raise ProtocolError("invalid_value", "response.conversation must be 'auto' or 'none'", "response.conversation")
+    input_items = _input_items(s, params["input"]) if "input" in params else None
+    s.start_response(cfg, metadata=_metadata(params.get("metadata")), in_conversation=conversation == "auto", input_items=input_items)
 
 
 def response_cancel(s: "RealtimeSession", event: dict[str, Any]) -> None:

@@ -58,6 +58,11 @@ class Response:
     held_events: list[dict[str, Any]] = field(default_factory=list)
     spec_text: str = ""  # the speculative transcript a held response answers
     pending_final: tuple[ResponseState, str | None] | None = None  # finished while still held
+    calls: dict[int, Item] = field(default_factory=dict)  # function_call items by the engine's call index
+    output: list[Item] = field(default_factory=list)  # output items after the message, in order
+
+    def output_index(self, item: Item) -> int:
+        return 0 if item is self.item else 1 + self.output.index(item)
 
     @property
     def speaks(self) -> bool:
@@ -85,7 +90,7 @@ class Response:
             "id": self.id, "object": "realtime.response", "status": status,
             "conversation_id": conversation_id if self.in_conversation else None,
             "output_modalities": list(self.modalities),
-            "output": [self.item.render()] if status != "in_progress" else [],
+            "output": [self.item.render(), *(it.render() for it in self.output)] if status != "in_progress" else [],
             "audio": {"output": {"format": {"type": self.output_format,
                                             **({"rate": FORMAT_RATES[self.output_format]} if self.output_format == "audio/pcm" else {})},
                                  "voice": self.voice}},

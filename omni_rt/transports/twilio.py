@@ -141,7 +141,8 @@ class TwilioCall:
 
 
 async def twilio_endpoint(ws: WebSocket, runtime: Any) -> None:
-    session = RealtimeSession(SessionOptions(model_name="twilio", speculative_responses=runtime.settings.speculative_responses),
+    session = RealtimeSession(SessionOptions(model_name="twilio", speculative_responses=runtime.settings.speculative_responses,
+                                             voices=tuple(runtime.config.voices)),
                               runtime.session_limits(), session={
         "audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}}})
     runner = SessionRunner(runtime, session)
