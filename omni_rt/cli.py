@@ -16,10 +16,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--preset", default=None, help="cpu (default, offline) | gpu | path to a YAML/TOML pipeline")
-    serve.add_argument("--api-key", default=None, help="require this bearer token (also OMNI_RT_API_KEY)")
+    serve.add_argument("--api-key", default=None, help="require this bearer token (prefer OMNI_RT_API_KEY or "
+                       "--api-key-file: argv is visible to other users)")
+    serve.add_argument("--api-key-file", default=None, help="read the bearer token from this file")
     serve.add_argument("--max-sessions", type=int, default=None)
     serve.add_argument("--allowed-origin", action="append", default=None, dest="allowed_origins")
     serve.add_argument("--max-message-bytes", type=int, default=None)
+    serve.add_argument("--shutdown-grace-s", type=float, default=None, help="time open answers get at SIGTERM")
     serve.add_argument("--no-speculative", action="store_false", dest="speculative_responses", default=None,
                        help="do not start answers during the end-of-turn silence (for comparisons)")
     serve.add_argument("--log-level", default="info")
@@ -35,16 +38,14 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import uvicorn
-
-    from omni_rt.server.app import create_app
+    from omni_rt.server.serve import serve
     from omni_rt.server.settings import ServerSettings
 
     overrides = {k: v for k, v in vars(args).items() if k in ServerSettings.model_fields and v is not None}
+    if args.api_key_file:
+        overrides["api_key"] = open(args.api_key_file).read().strip()
     settings = ServerSettings(**overrides)
-    app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, ws_max_size=settings.max_message_bytes,
-                log_level=args.log_level, timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 2)
+    serve(settings, log_level=args.log_level)
     return 0
 
 

@@ -19,7 +19,7 @@ from omni_rt.server.settings import ServerSettings
 from omni_rt.session.core import RealtimeSession, SessionOptions
 from omni_rt.transports.runner import SessionRunner
 from omni_rt.transports.twilio import twilio_endpoint
-from omni_rt.transports.websocket import CLOSE_FULL, CLOSE_POLICY, receive_realtime, safe_reason, serve_session
+from omni_rt.transports.websocket import CLOSE_FULL, CLOSE_GOING_AWAY, CLOSE_POLICY, receive_realtime, safe_reason, serve_session
 
 log = logging.getLogger("omni_rt.server")
 
@@ -131,13 +131,22 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
     return app
 
 
-async def shutdown(runtime: Runtime) -> None:
-    """Drain: stop admitting, give open answers the grace period, then cancel the rest and close sessions."""
+async def drain(runtime: Runtime) -> None:
+    """Stop admitting, give open answers the grace period, then cancel the rest (``response.done`` cancelled)
+    and close every socket with 1001 and a reason."""
     runtime.draining = True
     loop = asyncio.get_running_loop()
     deadline = loop.time() + runtime.settings.shutdown_grace_s
     while any(r.session.response is not None for r in runtime.sessions) and loop.time() < deadline:
         await asyncio.sleep(0.05)
+    for runner in list(runtime.sessions):
+        runner.request_close(CLOSE_GOING_AWAY, "server shutting down")
+    while runtime.sessions and loop.time() < deadline + 2.0:  # the sockets close themselves
+        await asyncio.sleep(0.05)
+
+
+async def shutdown(runtime: Runtime) -> None:
+    await drain(runtime)
     for runner in list(runtime.sessions):
         await runner.close()
     await runtime.stop()

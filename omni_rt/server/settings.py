@@ -24,4 +24,7 @@ class ServerSettings(BaseSettings):
     send_timeout_s: float = Field(10.0, gt=0, description="a client whose socket accepts nothing for this long is "
                                   "closed (1008) and its answer freed")
     max_outgoing_bytes: int = Field(16 * 1024 * 1024, ge=65536, description="cap on events queued for one client")
+    max_connections: int = Field(256, ge=2, description="concurrent connections (HTTP + WebSocket) before uvicorn "
+                                 "answers 503; keep it below the process's file-descriptor limit")
+    connect_timeout_s: int = Field(5, ge=1, description="a TCP connection that sends nothing for this long is closed")
     shutdown_grace_s: float = Field(5.0, ge=0, description="time open answers get to finish at shutdown")

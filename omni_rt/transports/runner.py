@@ -59,6 +59,13 @@ class SessionRunner:
             self.session.receive_asr(SessionExpired(0, float(event.get("idle_s", 0))))
         self._pump()
 
+    def request_close(self, code: int, reason: str) -> None:
+        """Close from the server side (shutdown): the active answer ends cancelled, then the socket closes."""
+        self.session.close()
+        self._pump()
+        self.close_request = cmd.CloseConnection(code, reason)
+        self._wake.set()
+
     async def close(self) -> None:
         """Free everything: the session's answers, its audio-in state, every running task."""
         self.session.close()
