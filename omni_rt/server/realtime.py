@@ -282,6 +282,10 @@ class RealtimeSession:
             self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
         elif kind == "cleared":
             self.send({"type": "input_audio_buffer.cleared"})
+        elif kind == "timeout_triggered":  # idle_timeout_ms: the ASR stage commits the silent buffer next
+            self.pending_user_item = new_id("item")
+            self.send({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": int(ev["audio_start_ms"]),
+                       "audio_end_ms": int(ev["audio_end_ms"]), "item_id": self.pending_user_item})
         elif kind == "transcript.delta":
             # partials are re-decodes of the whole turn so far: send only what extends the text already sent
             text = ev["text"]
@@ -319,7 +323,7 @@ class RealtimeSession:
         self.send({"type": "conversation.item.done", "previous_item_id": self._prev_of(item.id), "item": item.render()})
         td = self.config.turn_detection
         held, self.held = self.held, None
-        if td is not None and td.get("create_response", True) and text.strip():
+        if td is not None and td.get("create_response", True) and (text.strip() or ev.get("trigger") == "timeout"):
             if self.response is not None:
                 self._cancel_response("turn_detected")
             if held is not None and ev.get("speculative") and held.spec_text == text.strip():
@@ -450,6 +454,8 @@ class RealtimeSession:
             self.send(ev)
         resp.held_events.clear()
         self.runtime.metrics.speculative.labels(outcome="released").inc()
+        if resp.finished:
+            self._idle_restart(resp)
 
     def _discard(self, resp: Response | None) -> None:
         """Drop a held answer without a trace on the wire (the user kept talking, or said something else)."""
@@ -516,6 +522,13 @@ class RealtimeSession:
         send({"type": "conversation.item.done", "previous_item_id": self._prev_of(item.id) if item in self.conversation.items else None,
                    "item": item.render()})
         send({"type": "response.done", "response": self._render_response(resp)})
+        if not resp.held:
+            self._idle_restart(resp)
+
+    def _idle_restart(self, resp: Response) -> None:
+        """idle_timeout_ms counts from the end of the answer's playback: tell the ASR stage how long it plays."""
+        if (self.config.turn_detection or {}).get("idle_timeout_ms"):
+            self.runtime.coordinator.session_control(self.id, ASR_STAGE, "response_done", audio_ms=resp.item.audio_ms)
 
     def _render_response(self, resp: Response) -> dict[str, Any]:
         out: dict[str, Any] = {
