@@ -139,7 +139,7 @@ class AsrSessionScheduler(SessionScheduler):
     def _score(self, session_id: str, st: AsrState) -> None:
         """Score the turn so far on the scorer thread; the verdict returns as a ``_scored`` op."""
         assert self._scorer is not None, "scheduler not started"
-        model, audio, pause = self.turn_model(), self._turn_audio(st).copy(), st.pause
+        model, audio, pause = self.turn_model(), self._turn_audio(st)[-8 * SAMPLE_RATE :].copy(), st.pause  # its 8 s window
         st.score_pending = True
 
         def job() -> None:
