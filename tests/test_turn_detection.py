@@ -156,10 +156,12 @@ def test_semantic_vad_config_defaults_and_echo() -> None:
     assert cfg.asr_params()["turn_detection"] == {"type": "semantic_vad", "eagerness": "auto"}
     from omni_rt.session.turn_detection import TurnDetection
 
-    for eagerness, (thr, _, max_ms) in (("low", (0.8, 400, 8000)), ("medium", (0.5, 200, 4000)),
-                                        ("high", (0.3, 150, 2000)), ("auto", (0.5, 200, 4000))):
+    for eagerness, (thr, max_ms) in (("low", (0.7, 8000)), ("medium", (0.5, 4000)), ("high", (0.3, 2000)), ("auto", (0.5, 4000))):
         td = TurnDetection.from_params({"turn_detection": {"type": "semantic_vad", "eagerness": eagerness}})
         assert td.semantic is not None and td.semantic.complete_threshold == thr and td.silence_duration_ms == max_ms
+        sem = td.semantic
+        assert sem.end_silence_ms(0.99) < sem.end_silence_ms(thr) < sem.end_silence_ms(thr - 0.01) == max_ms
+        assert sem.end_silence_ms(None) == max_ms
     # server_vad keeps its exact shape; idle_timeout_ms appears only when asked for
     cfg.update({"audio": {"input": {"turn_detection": {"type": "server_vad"}}}})
     assert cfg.turn_detection == tdm.SERVER_VAD_DEFAULTS

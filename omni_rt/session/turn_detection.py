@@ -5,18 +5,22 @@ Why one module: the protocol layer echoes the config back to the client, the ASR
 must agree on the defaults and on what ``eagerness`` means, so both read them from here.
 
 ``semantic_vad``: Silero finds pauses; at each pause of ``score_after_ms`` the Smart Turn model scores the
-turn so far. A score >= ``complete_threshold`` ends the turn once the pause reaches ``complete_silence_ms``;
-otherwise the turn ends only after ``max_silence_ms`` of silence (the GA protocol's max timeouts). Numbers
-per eagerness and why:
+turn so far. A sure "complete" (score >= ``sure_threshold``) ends the turn once the pause reaches
+``complete_silence_ms``; an unsure one (>= ``complete_threshold``) after ``unsure_silence_ms``; otherwise the
+turn ends only after ``max_silence_ms`` (the GA protocol's max timeouts). Numbers per eagerness and why:
 
-============  =========  ==========  ===========  ==============================================================
-eagerness     threshold  complete    max silence  why
-============  =========  ==========  ===========  ==============================================================
-``low``       0.8        400 ms      8000 ms      GA max timeout 8 s; only a very sure "complete" ends early
-``medium``    0.5        200 ms      4000 ms      GA 4 s; 200 ms is the stop silence Smart Turn is trained for
-``high``      0.3        150 ms      2000 ms      GA 2 s; ends on a lukewarm "complete"
-``auto``      = medium                            the GA default, "equivalent to medium"
-============  =========  ==========  ===========  ==============================================================
+=========  ====  ========  ======  =======  ====  ===================================================================
+eagerness  sure  complete  unsure  unsure   max   why
+           >=    silence   >=      silence
+=========  ====  ========  ======  =======  ====  ===================================================================
+``low``    0.9   400 ms    0.7     1500 ms  8 s   GA max 8 s; waits out most thinking pauses
+``medium`` 0.85  200 ms    0.5     1000 ms  4 s   GA 4 s; 200 ms is the stop silence Smart Turn is trained for
+``high``   0.7   150 ms    0.3     600 ms   2 s   GA 2 s; ends on a lukewarm "complete"
+``auto``   = medium                               the GA default, "equivalent to medium"
+=========  ====  ========  ======  =======  ====  ===================================================================
+
+Why two tiers: on Piper speech finished questions score >= 0.95, fragments cut at a filler ("Who wrote, uh,")
+mostly < 0.05 but some 0.7; a 400-900 ms hesitation outlasts 200 ms, not 1000 ms.
 
 The model scores at ``score_after_ms`` = 120 ms of silence (about four 32 ms Silero frames: shorter gaps
 are the stops inside words) so that with its ~40-130 ms cost the verdict is in by ~200 ms of silence. Piper
@@ -45,15 +49,25 @@ SEMANTIC_THRESHOLD = 0.5  # Silero's speech threshold under semantic_vad (the GA
 class Eagerness:
     """How sure the turn model must be, and how long to wait when it is and when it is not."""
 
-    complete_threshold: float
+    sure_threshold: float
     complete_silence_ms: int
+    complete_threshold: float
+    unsure_silence_ms: int
     max_silence_ms: int
+
+    def end_silence_ms(self, prob: float | None) -> int:
+        """Silence after which the turn ends, given the model's verdict on this pause (None: not scored yet)."""
+        if prob is not None and prob >= self.sure_threshold:
+            return self.complete_silence_ms
+        if prob is not None and prob >= self.complete_threshold:
+            return self.unsure_silence_ms
+        return self.max_silence_ms
 
 
 EAGERNESS_SETTINGS: dict[str, Eagerness] = {
-    "low": Eagerness(0.8, 400, 8000),
-    "medium": Eagerness(0.5, 200, 4000),
-    "high": Eagerness(0.3, 150, 2000),
+    "low": Eagerness(0.9, 400, 0.7, 1500, 8000),
+    "medium": Eagerness(0.85, 200, 0.5, 1000, 4000),
+    "high": Eagerness(0.7, 150, 0.3, 600, 2000),
 }
 EAGERNESS_SETTINGS["auto"] = EAGERNESS_SETTINGS["medium"]
 

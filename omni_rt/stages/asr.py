@@ -347,13 +347,12 @@ class AsrSessionScheduler(SessionScheduler):
 
     # ---- semantic_vad and idle timeout -------------------------------------------------------------
     def _likely_end(self, st: AsrState) -> bool:
-        """server_vad: any pause past ``speculative_after_ms``; semantic_vad: a confident score, or the max wait nearing."""
+        """server_vad: any pause past ``speculative_after_ms``; semantic_vad: the turn's end (per the verdict) is near."""
         sem = st.td.semantic
         if sem is None:
             return True
-        if st.turn_prob is not None and st.turn_prob >= sem.complete_threshold:
-            return True
-        return st.vad.silence_ms >= max(SCORE_AFTER_MS, sem.max_silence_ms - self.semantic_announce_lead_ms)
+        # a decode (and the held answer) starts this long before the turn would end on the current verdict
+        return st.vad.silence_ms >= max(SCORE_AFTER_MS, sem.end_silence_ms(st.turn_prob) - self.semantic_announce_lead_ms)
 
     def _announce(self, sid: str, st: AsrState, text: str, asr_ms: float) -> None:
         """Let the session start the held answer from the speculative transcript."""
@@ -372,7 +371,7 @@ class AsrSessionScheduler(SessionScheduler):
         if st.turn_prob is None and not st.score_pending:
             self.stats["turn_scores"] += 1
             self._score(session.session_id, st)
-        elif st.turn_prob is not None and st.turn_prob >= sem.complete_threshold and silence >= sem.complete_silence_ms:
+        elif st.turn_prob is not None and st.turn_prob >= sem.complete_threshold and silence >= sem.end_silence_ms(st.turn_prob):
             self._end_turn_now(session, st)
 
     def _scored(self, session: Session, st: AsrState, data: dict[str, Any]) -> None:
@@ -393,7 +392,7 @@ class AsrSessionScheduler(SessionScheduler):
             self._announce(session.session_id, st, st.speculative, asr_ms=0.0)
         if complete:
             self._maybe_decode_early(session, st)  # the speculative decode starts on the verdict, not on the next append
-            if st.vad.silence_ms >= sem.complete_silence_ms:
+            if st.vad.silence_ms >= sem.end_silence_ms(st.turn_prob):
                 self._end_turn_now(session, st)
 
     def _end_turn_now(self, session: Session, st: AsrState) -> None:
