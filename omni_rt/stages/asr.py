@@ -12,12 +12,12 @@ inbox as ``_decoded`` ops, so all per-session state is still touched by one thre
 session tells a decode that is still valid from one made stale by new speech.
 
 ``semantic_vad`` (numbers in ``omni_rt.session.turn_detection``): at each pause of ``SCORE_AFTER_MS`` the
-Smart Turn model scores the turn so far on its own worker thread (cheapest signal first: ~110 ms on one
-core). A confident "complete" starts the speculative Whisper decode at once and ends the turn after a short
-silence; the decode's transcript is announced (``transcript.speculative``, which starts the held answer) as
-soon as it is ready. An "incomplete" pause starts the decode only when the silence nears the eagerness' max,
-so a hesitation costs one score, never a decode or an answer. Decodes queued behind a pause that speech has
-since ended are skipped, so a wrong guess does not delay the real turn.
+Smart Turn model scores the turn so far on its own worker thread (~110 ms on one idle core) while the
+speculative Whisper decode of the same audio starts on the decode worker. The transcript is announced
+(``transcript.speculative``, which starts the held answer) only once the verdict says the turn's end is near
+(``_likely_end``); a sure "complete" then ends the turn after a short silence. A hesitation pause thus costs
+one score and one decode, never an answer; decodes still queued behind a pause that speech has since ended
+are skipped, so a wrong guess does not delay the real turn's decode.
 
 ``idle_timeout_ms`` (``server_vad``): after that much audio without speech since the later of the last turn's
 end and the end of the last answer's playback (op ``response_done`` with the answer's ``audio_ms``), the stage
@@ -322,9 +322,10 @@ class AsrSessionScheduler(SessionScheduler):
         sid = session.session_id
         pause_ms = SCORE_AFTER_MS if st.td.semantic is not None else self.speculative_after_ms
         if st.vad.silence_ms >= pause_ms:
-            # semantic_vad: Whisper waits for the turn model's verdict; run side by side on 2 cores, the
-            # decode slowed the ~110 ms score to ~500 ms (measured), and the score is what ends the turn
-            if st.speculative is None and not st.spec_pending and self._likely_end(st):
+            # semantic_vad: Whisper starts at the pause the turn model scores, side by side with it: gated on
+            # the verdict, the decode added the whole score (110 ms idle, ~500 ms on a loaded machine) to the
+            # transcript's time (measured with latency_bench --turn-detection); the answer stays gated on it
+            if st.speculative is None and not st.spec_pending:
                 st.spec_pending = True
                 st.last_partial_samples = st.samples
                 epoch = st.epoch
