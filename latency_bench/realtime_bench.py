@@ -1072,7 +1072,7 @@ def turn_taking_markdown(result: dict[str, Any]) -> str:
     """The server_vad vs semantic_vad table (what README.md's benchmark section shows)."""
     m = result["machine"]
     lines = [f"Turn taking: `{result['config']['command']}` ({result['started_at']}, preset `{result['config']['preset']}`), "
-             f"{m.get('cpu', '?')}, {m.get('cpus_usable', '?')} CPUs usable, load avg "
+             f"{m.get('cpu_model', '?')}, {m.get('cpus_usable', '?')} CPUs usable, load avg "
              f"{(m.get('loadavg_start') or ['?'])[0]} -> {(m.get('loadavg_end') or ['?'])[0]}, {result['wall_s']:.0f} s.", ""]
     lines += [f"> **Note:** {n}" for n in result.get("notes", [])]
     if result.get("notes"):
