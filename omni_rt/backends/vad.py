@@ -151,6 +151,17 @@ class StreamingVAD:
             return 0.0
         return (self.samples_seen - self._last_speech_end) * 1000.0 / self.sample_rate
 
+    def force_stop(self) -> VadEvent:
+        """End the current speech now (a turn model decided the turn is over), keeping the model's state.
+
+        Unlike ``reset`` the recurrent state and context survive: the audio keeps flowing and the next
+        speech start is found as usual. ``audio_ms`` is the stream clock now (the silence so far included).
+        """
+        ev = VadEvent("speech_stopped", self._ms(self.samples_seen), self._ms(self._last_speech_end))
+        self.in_speech = False
+        self._silence_run = False
+        return ev
+
     def feed(self, audio: np.ndarray) -> list[VadEvent]:
         """Process new audio (any length); remainders shorter than a frame wait for the next call."""
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)

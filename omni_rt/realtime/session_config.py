@@ -13,6 +13,7 @@ from typing import Any
 
 from omni_rt.audio.formats import FORMAT_RATES, parse_audio_format
 from omni_rt.realtime.errors import ProtocolError
+from omni_rt.session import turn_detection
 
 
 MAX_INSTRUCTIONS_CHARS = 32 * 1024
@@ -54,12 +55,7 @@ class SessionConfig:
     output_modalities: list[str] = field(default_factory=lambda: ["audio"])
     input_format: str = "audio/pcm"
     output_format: str = "audio/pcm"
-    turn_detection: dict[str, Any] | None = field(
-        default_factory=lambda: {
-            "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
-            "create_response": True, "interrupt_response": True,
-        }
-    )
+    turn_detection: dict[str, Any] | None = field(default_factory=lambda: dict(turn_detection.SERVER_VAD_DEFAULTS))
     transcription: dict[str, Any] | None = None
     voice: str = "default"
     voices: tuple[str, ...] = ("default",)  # what the preset's talker can speak
@@ -204,45 +200,11 @@ class SessionConfig:
 
     @staticmethod
     def _parse_turn_detection(td: Any) -> dict[str, Any] | None:
-        if td is None:
-            return None
-        if not isinstance(td, dict):
-            raise ProtocolError("invalid_type", "turn_detection must be an object or null", "session.audio.input.turn_detection")
-        kind = td.get("type", "server_vad")
-        if kind not in ("server_vad", "semantic_vad"):
-            raise ProtocolError("invalid_value", f"turn_detection.type '{kind}' is not supported (server_vad, semantic_vad or null)",
-                                "session.audio.input.turn_detection.type")
-        out = {"type": kind, "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
-               "create_response": True, "interrupt_response": True}
-        for key, typ, lo, hi in (("threshold", (int, float), 0.0, 1.0), ("prefix_padding_ms", int, 0, 5000),
-                                 ("silence_duration_ms", int, 100, 10000)):
-            if key in td and td[key] is not None:
-                v = td[key]
-                if not isinstance(v, typ) or isinstance(v, bool) or not (lo <= v <= hi):
-                    raise ProtocolError("invalid_value", f"turn_detection.{key} must be a number in [{lo}, {hi}]",
-                                        f"session.audio.input.turn_detection.{key}")
-                out[key] = v
-        for key in ("create_response", "interrupt_response"):
-            if key in td and td[key] is not None:
-                if not isinstance(td[key], bool):
-                    raise ProtocolError("invalid_type", f"turn_detection.{key} must be a boolean",
-                                        f"session.audio.input.turn_detection.{key}")
-                out[key] = td[key]
-        if kind == "semantic_vad":
-            out = {k: out[k] for k in ("type", "create_response", "interrupt_response")} | {"eagerness": td.get("eagerness", "auto")}
-        return out
+        try:  # omni_rt.session.turn_detection owns the fields, defaults and eagerness
+            return turn_detection.parse_turn_detection(td)
+        except turn_detection.TurnDetectionError as exc:
+            raise ProtocolError(exc.code, exc.message, exc.param) from exc
 
     def asr_params(self) -> dict[str, Any]:
-        """What the ASR stage needs to know of this config."""
-        td = self.turn_detection
-        if td is None:
-            return {"turn_detection": None, "partials": self.transcription is not None}
-        return {
-            "turn_detection": {
-                "type": "server_vad",
-                "threshold": td.get("threshold", 0.5),
-                "prefix_padding_ms": td.get("prefix_padding_ms", 300),
-                "silence_duration_ms": td.get("silence_duration_ms", 500),
-            },
-            "partials": self.transcription is not None,
-        }
+        """What the audio-in stage needs to know of this config."""
+        return {"turn_detection": turn_detection.asr_turn_params(self.turn_detection), "partials": self.transcription is not None}

@@ -6,7 +6,7 @@ in order after each input, and feeds what comes back (audio-in events, response 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,8 @@ class AppendAudio:
 
 @dataclass(slots=True)
 class ControlAudioIn:
-    op: str  # commit | clear
+    op: str  # commit | clear | response_done (idle_timeout_ms counts from the end of the answer's playback)
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -274,7 +274,8 @@ class RealtimeSession:
                        "transcript": text, "usage": {"type": "duration", "seconds": round(ev.audio_ms / 1000, 3)}})
         self.send({"type": "conversation.item.done", "previous_item_id": self.conversation.previous_id(item.id), "item": item.render()})
         td = self.config.turn_detection
-        wants_answer = (td is not None and td.get("create_response", True) and text.strip() and self.config.session_type == "realtime"
+        wants_answer = (td is not None and td.get("create_response", True) and self.config.session_type == "realtime"
+                        and (text.strip() or ev.trigger == "timeout")  # an idle timeout's turn is answered though silent
                         and not self.turns.superseded(ev.turn))
         if not wants_answer:
             self._discard(held)
@@ -529,6 +530,8 @@ class RealtimeSession:
                 self.send({"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(call),
                            "item": call.render()})
         self.send({"type": "response.done", "response": resp.render(self.id)})
+        if (self.config.turn_detection or {}).get("idle_timeout_ms"):  # the idle clock restarts after its playback
+            self._commands.append(cmd.ControlAudioIn("response_done", {"audio_ms": resp.item.audio_ms}))
 
     def live_state(self) -> dict[str, int]:
         """Per-session entries still held (tests assert they return to zero)."""

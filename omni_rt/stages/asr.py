@@ -11,11 +11,23 @@ late ``speech_stopped`` is latency too) while a decode is in flight. Finished de
 inbox as ``_decoded`` ops, so all per-session state is still touched by one thread only. An ``epoch`` per
 session tells a decode that is still valid from one made stale by new speech.
 
+``semantic_vad`` (numbers in ``omni_rt.session.turn_detection``): at each pause of ``SCORE_AFTER_MS`` the
+Smart Turn model scores the turn so far on its own worker thread (~110 ms on one idle core) while the
+speculative Whisper decode of the same audio starts on the decode worker. The transcript is announced
+(``transcript.speculative``, which starts the held answer) only once the verdict says the turn's end is near
+(``_likely_end``); a sure "complete" then ends the turn after a short silence. A hesitation pause thus costs
+one score and one decode, never an answer; decodes still queued behind a pause that speech has since ended
+are skipped, so a wrong guess does not delay the real turn's decode.
+
+``idle_timeout_ms`` (``server_vad``): after that much audio without speech since the later of the last turn's
+end and the end of the last answer's playback (op ``response_done`` with the answer's ``audio_ms``), the stage
+emits ``timeout_triggered`` and commits the (silent) buffer as a turn.
+
 Session ops (``new_request`` data ``op``): ``open`` (params below), ``update`` (new params), ``commit``
-(end the turn now: manual turn taking), ``clear`` (drop buffered audio). Appends are float32 16 kHz arrays.
-Events out (``omni_rt.stages.contracts``, each tagged with its turn number): ``SpeechStarted``,
+(end the turn now: manual turn taking), ``clear`` (drop buffered audio), ``response_done``. Appends are float32
+16 kHz arrays. Events out (``omni_rt.stages.contracts``, each tagged with its turn number): ``SpeechStarted``,
 ``SpeechStopped``, ``Committed``, ``Cleared``, ``TranscriptPartial``, ``TranscriptSpeculative``,
-``SpeculationCancelled``, ``TranscriptFinal``.
+``SpeculationCancelled``, ``TranscriptFinal``, ``TurnScored``, ``TimeoutTriggered``.
 """
 
 from __future__ import annotations
@@ -27,48 +39,30 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from omni_rt.audio import PIPELINE_INPUT_RATE
-
 from omni_rt.core.messages import IncomingMessage
 from omni_rt.core.session_scheduler import Session, SessionLimitError, SessionScheduler
+from omni_rt.audio import PIPELINE_INPUT_RATE
+from omni_rt.session.turn_detection import SCORE_AFTER_MS, TurnDetection, TurnDetectionError
 from omni_rt.stages.contracts import (
     Cleared,
     Committed,
     SpeculationCancelled,
     SpeechStarted,
     SpeechStopped,
+    TimeoutTriggered,
     TranscriptFinal,
     TranscriptPartial,
     TranscriptSpeculative,
+    TurnScored,
 )
+
+__all__ = ["AsrSessionScheduler", "TurnDetection", "create_asr_stage"]  # TurnDetection lives in omni_rt.session
 
 SAMPLE_RATE = PIPELINE_INPUT_RATE
 
 
 class Transcriber(Protocol):
     def transcribe(self, audio: np.ndarray) -> str: ...
-
-
-@dataclass
-class TurnDetection:
-    """OpenAI ``server_vad`` parameters; ``enabled=False`` means the client commits turns itself."""
-
-    enabled: bool = True
-    threshold: float = 0.5
-    prefix_padding_ms: int = 300
-    silence_duration_ms: int = 500
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any]) -> "TurnDetection":
-        td = params.get("turn_detection", {"type": "server_vad"})
-        if not td:
-            return cls(enabled=False)
-        return cls(
-            enabled=td.get("type", "server_vad") in ("server_vad", "semantic_vad"),
-            threshold=float(td.get("threshold", 0.5) or 0.5),
-            prefix_padding_ms=int(td.get("prefix_padding_ms", 300) or 0),
-            silence_duration_ms=int(td.get("silence_duration_ms", 500) or 500),
-        )
 
 
 @dataclass
@@ -85,6 +79,11 @@ class AsrState:
     epoch: int = 0  # bumped when speech resumes or a turn ends: older decodes no longer describe the turn
     partials: bool = True
     turn: int = 0
+    spec_announced: bool = False  # transcript.speculative was sent for the current epoch
+    pause: int = 0  # bumped whenever speech resumes: a turn score for an older pause is stale
+    score_pending: bool = False  # a turn-model score for the current pause is in flight
+    turn_prob: float | None = None  # the turn model's verdict on the current pause
+    idle_from: int | None = 0  # stream sample from which the idle timeout counts (None: not counting)
 
 
 class AsrSessionScheduler(SessionScheduler):
@@ -95,46 +94,104 @@ class AsrSessionScheduler(SessionScheduler):
         speculative_after_ms: int = 150,
         partial_interval_ms: int = 1200,
         max_turn_s: float = 30.0,
+        turn_model: Any = None,
+        semantic_announce_lead_ms: int = 700,
         **limits: Any,
     ) -> None:
         super().__init__(name="asr", **limits)
         self.transcriber = transcriber
         self.vad_model = vad_model
+        # Smart Turn (a SmartTurnModel, a loader returning one, or None); loaded on the first semantic_vad session
+        self._turn_model = turn_model
+        self._turn_model_error: str | None = None
+        self.semantic_announce_lead_ms = semantic_announce_lead_ms
         self.speculative_after_ms = speculative_after_ms
         self.partial_interval_samples = int(partial_interval_ms * SAMPLE_RATE / 1000)
         self.max_turn_samples = int(max_turn_s * SAMPLE_RATE)
-        self.stats = {"turns": 0, "speculative_hits": 0, "speculative_misses": 0}
+        self.stats = {"turns": 0, "speculative_hits": 0, "speculative_misses": 0, "turn_scores": 0,
+                      "semantic_early_ends": 0, "stale_decodes_skipped": 0}
         self._decoder: ThreadPoolExecutor | None = None
+        self._scorer: ThreadPoolExecutor | None = None
         self._decodes_in_flight = 0
 
     def start(self) -> None:
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-decode")
+        self._scorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-turn-score")
         super().start()
 
     def stop(self) -> None:
         super().stop()
-        if self._decoder is not None:
-            self._decoder.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._decoder, self._scorer):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def _handle(self, msg: IncomingMessage) -> None:
         data = msg.data if msg.type == "new_request" else None
-        if isinstance(data, dict) and data.get("op") == "_decoded" and msg.request_id not in self.sessions:
-            self._decodes_in_flight -= 1  # the session closed while its decode ran: nothing to deliver
+        if isinstance(data, dict) and data.get("op") in ("_decoded", "_scored") and msg.request_id not in self.sessions:
+            if data["op"] == "_decoded":
+                self._decodes_in_flight -= 1  # the session closed while its decode ran: nothing to deliver
             return
         super()._handle(msg)
 
-    def _decode(self, session_id: str, kind: str, audio: np.ndarray, **meta: Any) -> None:
-        """Transcribe on the worker; the result returns to the session thread as a ``_decoded`` op."""
+    def turn_model(self) -> Any:
+        """The Smart Turn model, loaded once; a missing model is a clear error naming the package and file."""
+        if self._turn_model_error is not None:
+            raise SessionLimitError("turn_model_unavailable", self._turn_model_error)
+        if self._turn_model is None or callable(self._turn_model) and not hasattr(self._turn_model, "predict"):
+            try:
+                if self._turn_model is None:
+                    from omni_rt.backends.turn_model import SmartTurnModel
+
+                    self._turn_model = SmartTurnModel()
+                else:
+                    self._turn_model = self._turn_model()
+            except Exception as exc:  # noqa: BLE001 - every later semantic_vad session gets the same clear error
+                self._turn_model_error = f"semantic_vad needs the Smart Turn model: {exc}"
+                raise SessionLimitError("turn_model_unavailable", self._turn_model_error) from exc
+        return self._turn_model
+
+    def _score(self, session_id: str, st: AsrState) -> None:
+        """Score the turn so far on the scorer thread; the verdict returns as a ``_scored`` op."""
+        assert self._scorer is not None, "scheduler not started"
+        model, audio, pause = self.turn_model(), self._turn_audio(st)[-8 * SAMPLE_RATE :].copy(), st.pause  # its 8 s window
+        st.score_pending = True
+
+        def job() -> None:
+            t0 = time.perf_counter()
+            if st.pause != pause:  # speech resumed while this waited: the pause is gone (a benign read of an int)
+                prob, error = None, None
+            else:
+                try:
+                    prob, error = model.predict(audio), None
+                except Exception as exc:  # noqa: BLE001 - reported to the session as an error event
+                    prob, error = None, f"{type(exc).__name__}: {exc}"
+            self.inbox.put(IncomingMessage(session_id, "new_request", {
+                "op": "_scored", "pause": pause, "prob": prob, "error": error,
+                "score_ms": round((time.perf_counter() - t0) * 1000, 1)}))
+
+        self._scorer.submit(job)
+
+    def _decode(self, session_id: str, kind: str, audio: np.ndarray, wanted: Any = None, **meta: Any) -> None:
+        """Transcribe on the worker; the result returns to the session thread as a ``_decoded`` op.
+
+        ``wanted`` (optional, called on the worker just before decoding): False skips a decode that new
+        speech made stale while it waited in the queue, so it cannot delay the decode the real turn needs.
+        """
         assert self._decoder is not None, "scheduler not started"
         self._decodes_in_flight += 1
         audio = audio.copy()
 
         def job() -> None:
             t0 = time.perf_counter()
-            try:
-                text, error = self.transcriber.transcribe(audio).strip(), None
-            except Exception as exc:  # noqa: BLE001 - reported to the session as an error event
-                text, error = "", f"{type(exc).__name__}: {exc}"
+            if wanted is not None and not wanted():
+                self.stats["stale_decodes_skipped"] += 1
+                text, error = "", None
+                meta["stale"] = True
+            else:
+                try:
+                    text, error = self.transcriber.transcribe(audio).strip(), None
+                except Exception as exc:  # noqa: BLE001 - reported to the session as an error event
+                    text, error = "", f"{type(exc).__name__}: {exc}"
             self.inbox.put(IncomingMessage(session_id, "new_request", {
                 "op": "_decoded", "kind": kind, "text": text, "error": error,
                 "asr_ms": round((time.perf_counter() - t0) * 1000, 1), **meta}))
@@ -171,25 +228,53 @@ class AsrSessionScheduler(SessionScheduler):
         st.last_partial_samples = 0
         st.speculative = None
         st.spec_pending = False
+        st.spec_announced = False
         st.epoch += 1
+        self._new_pause(st)
         s.buffered_bytes = st.samples * 2
+
+    def _new_pause(self, st: AsrState) -> None:
+        st.pause += 1
+        st.turn_prob = None
+        st.score_pending = False
 
     def _ms(self, samples: int) -> int:
         return int(samples * 1000 / SAMPLE_RATE)
 
     # ---- session hooks ---------------------------------------------------------------------------
+    def _turn_detection(self, params: dict[str, Any]) -> TurnDetection:
+        try:
+            td = TurnDetection.from_params(params)
+        except TurnDetectionError as exc:
+            raise SessionLimitError(exc.code, f"{exc.param}: {exc.message}") from exc
+        if td.semantic is not None:
+            self.turn_model()  # load now: a missing model is an error at session.update, not mid-turn
+        return td
+
     def on_open(self, session: Session) -> None:
-        td = TurnDetection.from_params(session.params)
+        error: SessionLimitError | None = None
+        try:
+            td = self._turn_detection(session.params)
+        except SessionLimitError as exc:  # open the session anyway, with server_vad, and say why
+            td, error = TurnDetection(), exc
         session.state["asr"] = AsrState(td=td, vad=self._new_vad(td), partials=bool(session.params.get("partials", True)))
+        if error is not None:
+            self.emit_error(session.session_id, str(error), code=error.code)
 
     def on_control(self, session: Session, op: str, data: dict[str, Any]) -> None:
         st = self._state(session)
         if op == "update":
-            session.params.update(data.get("params") or {})
-            td = TurnDetection.from_params(session.params)
+            params = {**session.params, **(data.get("params") or {})}
+            td = self._turn_detection(params)  # raises before anything changes
+            session.params = params
             if td != st.td:
                 st.td, st.vad = td, self._new_vad(td)
             st.partials = bool(session.params.get("partials", st.partials))
+        elif op == "response_done":
+            # the idle clock restarts once the answer has played (its audio length from now, an upper bound)
+            st.idle_from = st.stream_samples + int(float(data.get("audio_ms") or 0) * SAMPLE_RATE / 1000)
+        elif op == "_scored":
+            self._scored(session, st, data)
         elif op == "commit":
             if st.samples == 0:
                 raise SessionLimitError(
@@ -226,13 +311,18 @@ class AsrSessionScheduler(SessionScheduler):
                 # keep prefix padding before the speech start, drop older silence
                 keep_ms = self._ms(st.stream_samples) - ev.audio_ms  # audio_ms already includes the prefix padding
                 self._reset_turn(session, st, keep_ms=max(0, keep_ms))
+                st.idle_from = None
                 self.emit(sid, "event", SpeechStarted(st.turn + 1, ev.audio_ms))
             elif ev.kind == "speech_stopped":
                 self.emit(sid, "event", SpeechStopped(st.turn + 1, ev.audio_ms))
                 self._finish_turn(session, st, trigger="vad")
         if st.vad.in_speech:
-            self._maybe_decode_early(session, st)
+            if st.td.semantic is not None:
+                self._semantic_pause(session, st)
+            if st.vad.in_speech:
+                self._maybe_decode_early(session, st)
         else:
+            self._maybe_idle_timeout(session, st)
             # outside speech only the padding window is worth keeping
             pad = int((st.td.prefix_padding_ms + 100) * SAMPLE_RATE / 1000)
             if st.samples > 4 * pad:
@@ -244,29 +334,105 @@ class AsrSessionScheduler(SessionScheduler):
 
     def _maybe_decode_early(self, session: Session, st: AsrState) -> None:
         sid = session.session_id
-        if st.vad.silence_ms >= self.speculative_after_ms:
+        pause_ms = SCORE_AFTER_MS if st.td.semantic is not None else self.speculative_after_ms
+        if st.vad.silence_ms >= pause_ms:
+            # semantic_vad: Whisper starts at the pause the turn model scores, side by side with it: gated on
+            # the verdict, the decode added the whole score (110 ms idle, ~500 ms on a loaded machine) to the
+            # transcript's time (measured with latency_bench --turn-detection); the answer stays gated on it
             if st.speculative is None and not st.spec_pending:
                 st.spec_pending = True
                 st.last_partial_samples = st.samples
-                self._decode(sid, "speculative", self._turn_audio(st), epoch=st.epoch, turn=st.turn + 1)
+                epoch = st.epoch
+                wanted = None
+                if st.td.semantic is not None:  # skip it if speech resumed while it queued (a benign cross-thread read)
+                    wanted = lambda: st.epoch == epoch or (st.awaiting_final or {}).get("epoch") == epoch  # noqa: E731
+                self._decode(sid, "speculative", self._turn_audio(st), wanted=wanted, epoch=epoch, turn=st.turn + 1)
+            elif st.speculative is not None and not st.spec_announced and self._likely_end(st):
+                self._announce(sid, st, st.speculative, asr_ms=0.0)
             return
         if st.speculative is not None or st.spec_pending:  # speech resumed: the guess (and what it started) is stale
-            if st.speculative is not None:
+            if st.spec_announced:
                 self.emit(sid, "event", SpeculationCancelled(st.turn + 1))
-            st.speculative, st.spec_pending = None, False
+            st.speculative, st.spec_pending, st.spec_announced = None, False, False
             st.epoch += 1
         due = st.samples - st.last_partial_samples >= self.partial_interval_samples
         if st.partials and due and self._decodes_in_flight == 0:  # never queue a partial ahead of a final
             st.last_partial_samples = st.samples
             self._decode(sid, "partial", self._turn_audio(st), epoch=st.epoch, turn=st.turn + 1)
 
+    # ---- semantic_vad and idle timeout -------------------------------------------------------------
+    def _likely_end(self, st: AsrState) -> bool:
+        """server_vad: any pause past ``speculative_after_ms``; semantic_vad: the turn's end (per the verdict) is near."""
+        sem = st.td.semantic
+        if sem is None:
+            return True
+        # a decode (and the held answer) starts this long before the turn would end on the current verdict
+        return st.vad.silence_ms >= max(SCORE_AFTER_MS, sem.end_silence_ms(st.turn_prob) - self.semantic_announce_lead_ms)
+
+    def _announce(self, sid: str, st: AsrState, text: str, asr_ms: float) -> None:
+        """Let the session start the held answer from the speculative transcript."""
+        st.spec_announced = True
+        self.emit(sid, "event", TranscriptSpeculative(st.turn + 1, text, asr_ms))
+
+    def _semantic_pause(self, session: Session, st: AsrState) -> None:
+        """At a pause, ask the turn model once; end the turn early on a confident "complete"."""
+        sem = st.td.semantic
+        assert sem is not None
+        silence = st.vad.silence_ms
+        if silence < SCORE_AFTER_MS:
+            if st.turn_prob is not None or st.score_pending:  # speech resumed: that verdict was about another pause
+                self._new_pause(st)
+            return
+        if st.turn_prob is None and not st.score_pending:
+            self.stats["turn_scores"] += 1
+            self._score(session.session_id, st)
+        elif st.turn_prob is not None and st.turn_prob >= sem.complete_threshold and silence >= sem.end_silence_ms(st.turn_prob):
+            self._end_turn_now(session, st)
+
+    def _scored(self, session: Session, st: AsrState, data: dict[str, Any]) -> None:
+        if data.get("error"):
+            st.score_pending = False
+            raise RuntimeError(f"turn model failed: {data['error']}")
+        if data["pause"] != st.pause or data["prob"] is None or not st.vad.in_speech:
+            return  # a pause that speech (or the turn's end) has already closed
+        st.score_pending, st.turn_prob = False, float(data["prob"])
+        sem = st.td.semantic
+        complete = sem is not None and st.turn_prob >= sem.complete_threshold
+        self.emit(session.session_id, "event", TurnScored(st.turn + 1, round(st.turn_prob, 4), complete,
+                                                          round(st.vad.silence_ms), data["score_ms"]))
+        if sem is None:
+            return
+        if st.speculative is not None and not st.spec_announced and complete:
+            self._announce(session.session_id, st, st.speculative, asr_ms=0.0)
+        if complete:
+            self._maybe_decode_early(session, st)  # the speculative decode starts on the verdict, not on the next append
+            if st.vad.silence_ms >= sem.end_silence_ms(st.turn_prob):
+                self._end_turn_now(session, st)
+
+    def _end_turn_now(self, session: Session, st: AsrState) -> None:
+        ev = st.vad.force_stop()
+        self.stats["semantic_early_ends"] += 1
+        self.emit(session.session_id, "event", SpeechStopped(st.turn + 1, ev.audio_ms, semantic=True, turn_prob=st.turn_prob))
+        self._finish_turn(session, st, trigger="vad")
+
+    def _maybe_idle_timeout(self, session: Session, st: AsrState) -> None:
+        timeout = st.td.idle_timeout_ms
+        if timeout is None or st.idle_from is None or not st.td.enabled:
+            return
+        idle = int(timeout * SAMPLE_RATE / 1000)
+        if st.stream_samples - st.idle_from < idle:
+            return
+        self.emit(session.session_id, "event", TimeoutTriggered(st.turn + 1, self._ms(st.idle_from), self._ms(st.stream_samples)))
+        self._finish_turn(session, st, trigger="timeout")
+
     def _finish_turn(self, session: Session, st: AsrState, trigger: str) -> None:
         sid = session.session_id
         audio = self._turn_audio(st)
         st.turn += 1
         self.stats["turns"] += 1
+        st.idle_from = st.stream_samples
         self.emit(sid, "event", Committed(st.turn, trigger, self._ms(audio.size)))
-        meta = {"turn": st.turn, "audio_ms": self._ms(audio.size), "t_end": time.perf_counter()}
+        meta = {"turn": st.turn, "audio_ms": self._ms(audio.size), "t_end": time.perf_counter(), "trigger": trigger}
         if trigger == "vad" and st.speculative is not None:
             self.stats["speculative_hits"] += 1
             self._emit_final(sid, st.speculative, speculative=True, asr_ms=0.0, **meta)
@@ -286,23 +452,26 @@ class AsrSessionScheduler(SessionScheduler):
             raise RuntimeError(f"transcription failed: {data['error']}")
         if kind == "final":
             self._emit_final(sid, text, speculative=False, asr_ms=data["asr_ms"], turn=data["turn"],
-                             audio_ms=data["audio_ms"], t_end=data["t_end"])
+                             audio_ms=data["audio_ms"], t_end=data["t_end"], trigger=data["trigger"])
         elif kind == "speculative":
             waiting = st.awaiting_final
             if waiting is not None and waiting["epoch"] == data["epoch"]:
                 st.awaiting_final = None
                 self._emit_final(sid, text, speculative=True, asr_ms=data["asr_ms"], turn=waiting["turn"],
-                                 audio_ms=waiting["audio_ms"], t_end=waiting["t_end"])
-            elif data["epoch"] == st.epoch:
+                                 audio_ms=waiting["audio_ms"], t_end=waiting["t_end"], trigger=waiting["trigger"])
+            elif data["epoch"] == st.epoch and not data.get("stale"):
                 st.speculative, st.spec_pending = text, False
                 # lets the session start answering in the silence; the answer is held until the turn ends
-                self.emit(sid, "event", TranscriptSpeculative(data["turn"], text, data["asr_ms"]))
+                if self._likely_end(st):
+                    self._announce(sid, st, text, asr_ms=data["asr_ms"])
         elif kind == "partial" and data["epoch"] == st.epoch and text:
             self.emit(sid, "event", TranscriptPartial(data["turn"], text))
 
-    def _emit_final(self, sid: str, text: str, speculative: bool, asr_ms: float, turn: int, audio_ms: int, t_end: float) -> None:
+    def _emit_final(self, sid: str, text: str, speculative: bool, asr_ms: float, turn: int, audio_ms: int, t_end: float,
+                    trigger: str = "vad") -> None:
         self.emit(sid, "event", TranscriptFinal(turn, text.strip(), speculative, asr_ms,
-                                                after_end_ms=round((time.perf_counter() - t_end) * 1000, 1), audio_ms=audio_ms))
+                                                after_end_ms=round((time.perf_counter() - t_end) * 1000, 1), audio_ms=audio_ms,
+                                                trigger=trigger))
 
 
 def create_asr_stage(
@@ -334,7 +503,7 @@ def create_asr_stage(
         transcriber = TransformersWhisperASR(model, device=device, dtype=torch.float16 if device != "cpu" else torch.float32)
     else:
         raise ValueError(f"stage 'asr' field 'backend': unknown ASR backend '{backend}' (faster-whisper|transformers)")
-    return AsrSessionScheduler(
+    scheduler = AsrSessionScheduler(
         transcriber,
         SileroVadModel(),
         speculative_after_ms=speculative_after_ms,
@@ -343,3 +512,8 @@ def create_asr_stage(
         max_buffered_bytes=max_buffered_bytes,
         idle_timeout_s=idle_timeout_s,
     )
+    try:
+        scheduler.turn_model()  # load Smart Turn at start-up, not on the first semantic_vad session.update
+    except SessionLimitError:
+        pass  # no pipecat-ai wheel: server_vad works; each semantic_vad request gets the clear error
+    return scheduler

@@ -94,6 +94,8 @@ class SpeechStarted(AsrEvent):
 class SpeechStopped(AsrEvent):
     audio_end_ms: int
     forced: bool = False  # the turn hit the maximum turn length
+    semantic: bool = False  # ended by the turn model (semantic_vad)
+    turn_prob: float | None = None  # the turn model's probability that the turn is complete
 
 
 @dataclass(slots=True)
@@ -136,6 +138,17 @@ class TranscriptFinal(AsrEvent):
     asr_ms: float  # decode time
     after_end_ms: float  # what the end of turn actually waited for it
     audio_ms: int
+    trigger: str = "vad"  # vad | commit | max_turn | timeout (an idle timeout's turn is answered even if silent)
+
+
+@dataclass(slots=True)
+class TurnScored(AsrEvent):
+    """semantic_vad: the turn model scored a pause (informational: for logs and benchmarks)."""
+
+    prob: float
+    complete: bool
+    silence_ms: float
+    score_ms: float
 
 
 @dataclass(slots=True)

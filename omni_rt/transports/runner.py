@@ -101,7 +101,7 @@ class SessionRunner:
                 if task is not None:
                     task.cancel()
             elif isinstance(c, cmd.ControlAudioIn):
-                coord.session_control(sid, self.audio_in, c.op)
+                coord.session_control(sid, self.audio_in, c.op, **c.data)
             elif isinstance(c, cmd.UpdateAudioIn):
                 coord.session_control(sid, self.audio_in, "update", params=c.params)
             elif isinstance(c, cmd.OpenAudioIn):

@@ -1,0 +1,306 @@
+"""Turn-taking: the Smart Turn model (packaged ONNX), semantic_vad on the real ASR stage (Silero + Whisper +
+Smart Turn, audio paced in real time), idle_timeout_ms, config validation, and one end-to-end turn per mode
+through the live server. Speech is Piper's; a hesitant utterance is a sentence cut by a filler ("..., um,")
+and a 0.8 s silence, as a speaker who is still thinking."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import asyncio
+import queue
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from rt_helpers import pcm_chunks_b64, speech_with_silence
+from test_server_protocol import connect, of_type
+
+from omni_rt.audio.pcm import resample
+from omni_rt.core.messages import IncomingMessage
+from omni_rt.realtime.errors import ProtocolError
+from omni_rt.realtime.session_config import SessionConfig
+from omni_rt.stages import contracts as c
+from omni_rt.session import turn_detection as tdm
+
+COMPLETE = "What is the capital of France?"
+HESITANT = ("Can you set a timer for, um,", "ten minutes?")
+SR = 16000
+
+
+@pytest.fixture(scope="module")
+def tts():
+    from omni_rt.backends.tts_piper import PiperTTS
+
+    return PiperTTS()
+
+
+def say(tts, text: str) -> np.ndarray:
+    return resample(tts.synthesize(text), tts.sample_rate, SR).astype(np.float32)
+
+
+def silence(ms: int) -> np.ndarray:
+    return np.zeros(SR * ms // 1000, np.float32)
+
+
+@pytest.fixture(scope="module")
+def turn_model():
+    from omni_rt.backends.turn_model import SmartTurnModel
+
+    return SmartTurnModel()
+
+
+@pytest.fixture(scope="module")
+def asr_stage(turn_model):
+    """The real ASR stage scheduler (Silero VAD, Whisper tiny.en, Smart Turn), driven through its queues."""
+    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.vad import SileroVadModel
+    from omni_rt.stages.asr import AsrSessionScheduler
+
+    sched = AsrSessionScheduler(FasterWhisperASR(), SileroVadModel(), turn_model=turn_model)
+    sched.start()
+    yield sched
+    sched.stop()
+
+
+# the stage's typed events (omni_rt.stages.contracts) as dicts with a short name, to keep the checks terse
+EVENT_NAMES = {c.SpeechStarted: "speech_started", c.SpeechStopped: "speech_stopped", c.Committed: "committed",
+               c.Cleared: "cleared", c.TranscriptPartial: "transcript.delta", c.TranscriptSpeculative: "transcript.speculative",
+               c.SpeculationCancelled: "speculative.cancelled", c.TranscriptFinal: "transcript.final",
+               c.TurnScored: "turn.scored", c.TimeoutTriggered: "timeout_triggered"}
+
+
+def as_dict(ev: Any) -> dict[str, Any]:
+    return {"type": EVENT_NAMES[type(ev)], **dataclasses.asdict(ev)}
+
+
+def run_stream(sched: Any, sid: str, td: dict[str, Any] | None, audio: np.ndarray, until: str = "transcript.final",
+               realtime: bool = True, settle_s: float = 20.0, hold_at: int | None = None) -> list[dict[str, Any]]:
+    """Open a session, append ``audio`` in 20 ms chunks (at real time), then collect its events up to the last ``until``.
+
+    ``hold_at``: once that many samples are in, hold the audio until the turn model's verdict arrives, as if it
+    scored instantly: the decision logic is tested here, its timing on a shared machine in latency_bench."""
+    events: list[dict[str, Any]] = []
+
+    def drain(block_s: float = 0.0) -> None:
+        deadline = time.monotonic() + block_s
+        while True:
+            try:
+                msg = sched.outbox.get(timeout=max(0.0, deadline - time.monotonic()) if block_s else 0.0)
+            except queue.Empty:
+                return
+            assert msg.request_id == sid, msg
+            if msg.type == "error":
+                raise AssertionError(f"stage error: {msg.data}")
+            if msg.type == "event":
+                events.append(as_dict(msg.data))
+
+    sched.inbox.put(IncomingMessage(sid, "new_request", {"op": "open", "params": {"turn_detection": td, "partials": False}}))
+    step = SR // 50
+    t0 = time.perf_counter()
+    for i, start in enumerate(range(0, audio.size, step)):
+        sched.inbox.put(IncomingMessage(sid, "stream_chunk", audio[start : start + step]))
+        if realtime:
+            time.sleep(max(0.0, t0 + (i + 1) * 0.02 - time.perf_counter()))
+        drain()
+        if hold_at is not None and start + step >= hold_at and not of(events, "turn.scored"):
+            held = time.perf_counter()
+            while not of(events, "turn.scored") and time.perf_counter() - held < 10:
+                drain(0.05)
+            t0 += time.perf_counter() - held
+    deadline = time.monotonic() + settle_s
+    n_stops = sum(e["type"] == "speech_stopped" for e in events)
+    while time.monotonic() < deadline and sum(e["type"] == until for e in events) < max(1, n_stops):
+        drain(0.1)
+    sched.inbox.put(IncomingMessage(sid, "stream_done"))
+    time.sleep(0.05)
+    drain()
+    return events
+
+
+def of(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == kind]
+
+
+# ---------------------------------------------------------------- the model
+
+
+def test_turn_model_scores_complete_high_and_cut_off_low(turn_model, tts) -> None:
+    from omni_rt.backends.turn_model import smart_turn_onnx_path
+
+    assert smart_turn_onnx_path().name == "smart-turn-v3.2-cpu.onnx" and turn_model.path == smart_turn_onnx_path()
+    complete = np.concatenate([silence(300), say(tts, COMPLETE), silence(150)])
+    cut = np.concatenate([silence(300), say(tts, HESITANT[0]), silence(150)])
+    assert turn_model.features(complete).shape == (80, 800)
+    assert turn_model.features(np.zeros(SR * 10, np.float32)).shape == (80, 800)  # longer than 8 s: the last 8 s
+    p_complete, p_cut = turn_model.predict(complete), turn_model.predict(cut)
+    print(f"\nsmart turn: complete {p_complete:.3f}, cut off {p_cut:.3f}")
+    assert p_complete > 0.8, p_complete
+    assert p_cut < 0.2, p_cut
+
+
+def test_turn_model_missing_file_names_package_and_file(tmp_path: Path) -> None:
+    from omni_rt.backends.turn_model import SmartTurnModel
+
+    with pytest.raises(FileNotFoundError, match="pipecat-ai"):
+        SmartTurnModel(path=tmp_path / "smart-turn-v3.2-cpu.onnx")
+
+
+def test_missing_turn_model_is_a_clear_session_error() -> None:
+    """No model file: the session still opens (server_vad) and is told why semantic_vad cannot run."""
+    from omni_rt.stages.asr import AsrSessionScheduler
+
+    def missing() -> Any:
+        raise FileNotFoundError("package 'pipecat-ai' is not installed, so the Smart Turn model file ... is missing")
+
+    sched = AsrSessionScheduler(transcriber=None, vad_model=None, turn_model=missing)  # type: ignore[arg-type]
+    sched._new_vad = lambda td: None  # type: ignore[method-assign]  # no audio flows in this test
+    sched.start()
+    try:
+        sched.inbox.put(IncomingMessage("s", "new_request", {"op": "open", "params": {"turn_detection": {
+            "type": "semantic_vad", "eagerness": "auto"}}}))
+        msg = sched.outbox.get(timeout=10)
+        assert msg.type == "error" and msg.metadata["code"] == "turn_model_unavailable", msg
+        assert "pipecat-ai" in msg.data and "Smart Turn" in msg.data
+        assert "s" in sched.sessions
+    finally:
+        sched.stop()
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_semantic_vad_config_defaults_and_echo() -> None:
+    cfg = SessionConfig()
+    cfg.update({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}})
+    assert cfg.turn_detection == {"type": "semantic_vad", "create_response": True, "interrupt_response": True, "eagerness": "auto"}
+    assert cfg.asr_params()["turn_detection"] == {"type": "semantic_vad", "eagerness": "auto"}
+    from omni_rt.session.turn_detection import TurnDetection
+
+    for eagerness, (thr, max_ms) in (("low", (0.7, 8000)), ("medium", (0.5, 4000)), ("high", (0.3, 2000)), ("auto", (0.5, 4000))):
+        td = TurnDetection.from_params({"turn_detection": {"type": "semantic_vad", "eagerness": eagerness}})
+        assert td.semantic is not None and td.semantic.complete_threshold == thr and td.silence_duration_ms == max_ms
+        sem = td.semantic
+        assert sem.end_silence_ms(0.99) < sem.end_silence_ms(thr) < sem.end_silence_ms(thr - 0.01) == max_ms
+        assert sem.end_silence_ms(None) == max_ms
+    # server_vad keeps its exact shape; idle_timeout_ms appears only when asked for
+    cfg.update({"audio": {"input": {"turn_detection": {"type": "server_vad"}}}})
+    assert cfg.turn_detection == tdm.SERVER_VAD_DEFAULTS
+    cfg.update({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 6000}}}})
+    assert cfg.turn_detection["idle_timeout_ms"] == 6000 and cfg.asr_params()["turn_detection"]["idle_timeout_ms"] == 6000
+
+
+@pytest.mark.parametrize("td, param", [
+    ({"type": "semantic_vad", "eagerness": "fast"}, "eagerness"),
+    ({"type": "semantic_vad", "eagerness": 3}, "eagerness"),
+    ({"type": "semantic_vad", "silence_duration_ms": 300}, "silence_duration_ms"),
+    ({"type": "semantic_vad", "idle_timeout_ms": 5000}, "idle_timeout_ms"),
+    ({"type": "server_vad", "eagerness": "high"}, "eagerness"),
+    ({"type": "server_vad", "idle_timeout_ms": 10}, "idle_timeout_ms"),
+    ({"type": "server_vad", "idle_timeout_ms": "5000"}, "idle_timeout_ms"),
+    ({"type": "semantic_vad", "create_response": "yes"}, "create_response"),
+    ({"type": "smart"}, "type"),
+])
+def test_turn_detection_bad_values_name_the_field(td: dict[str, Any], param: str) -> None:
+    cfg = SessionConfig()
+    with pytest.raises(ProtocolError) as info:
+        cfg.update({"audio": {"input": {"turn_detection": td}}})
+    assert info.value.param == f"session.audio.input.turn_detection.{param}", info.value.param
+    assert param in info.value.message
+    assert cfg.turn_detection == tdm.SERVER_VAD_DEFAULTS  # nothing applied
+
+
+# ---------------------------------------------------------------- semantic_vad on the real ASR stage
+
+
+def end_after_speech_ms(events: list[dict[str, Any]], speech_end_ms: float) -> float:
+    stops = of(events, "speech_stopped")
+    assert len(stops) == 1, [e["type"] for e in events]
+    return stops[0]["audio_end_ms"] - speech_end_ms
+
+
+def test_semantic_vad_ends_a_complete_question_sooner_than_server_vad(asr_stage, tts) -> None:
+    speech = say(tts, COMPLETE)
+    audio = np.concatenate([silence(500), speech, silence(1500)])
+    speech_end_ms = 1000 * (SR // 2 + speech.size) / SR
+    # the pause is scored at 120 ms of silence; Piper's last ~100 ms are quiet: hold from the array's end on
+    sem = run_stream(asr_stage, "sem", {"type": "semantic_vad", "eagerness": "auto"}, audio, hold_at=SR // 2 + speech.size)
+    srv = run_stream(asr_stage, "srv", {"type": "server_vad", "silence_duration_ms": 500}, audio)
+    sem_ms, srv_ms = end_after_speech_ms(sem, speech_end_ms), end_after_speech_ms(srv, speech_end_ms)
+    score = of(sem, "turn.scored")[-1]
+    print(f"\nend of turn after the speech: semantic_vad {sem_ms:.0f} ms (p={score['prob']}, scored in {score['score_ms']} ms), "
+          f"server_vad {srv_ms:.0f} ms")
+    assert of(sem, "speech_stopped")[0].get("semantic") is True and score["complete"]
+    assert sem_ms < srv_ms - 150, (sem_ms, srv_ms)  # ends at 200 ms of silence on a sure verdict, not 500
+    for events in (sem, srv):
+        final = of(events, "transcript.final")
+        assert len(final) == 1 and "capital" in final[0]["text"].lower(), final  # tiny.en sometimes hears "friends"
+    # the decode started inside the silence, on the model's verdict (announced for a held answer if ready first)
+    assert of(sem, "transcript.final")[0]["speculative"] is True
+
+
+def test_semantic_vad_waits_through_a_hesitation(asr_stage, tts) -> None:
+    first, second = (say(tts, t) for t in HESITANT)
+    # eagerness high (max silence 2 s): the turn ends within the tail even if the spliced ending scores low
+    audio = np.concatenate([silence(500), first, silence(800), second, silence(2500)])
+    sem = run_stream(asr_stage, "sem-h", {"type": "semantic_vad", "eagerness": "high"}, audio)
+    srv = run_stream(asr_stage, "srv-h", {"type": "server_vad", "silence_duration_ms": 500}, audio)
+    scores = [e["prob"] for e in of(sem, "turn.scored")]
+    print(f"\nhesitant: semantic_vad turns {len(of(sem, 'speech_stopped'))} (scores {scores}), "
+          f"server_vad turns {len(of(srv, 'speech_stopped'))}")
+    assert len(of(sem, "speech_stopped")) == 1, [e["type"] for e in sem]
+    assert len(of(srv, "speech_stopped")) == 2  # a silence-only detector cuts the speaker off at the pause
+    final = of(sem, "transcript.final")
+    assert len(final) == 1 and "minutes" in final[0]["text"].lower(), final
+    # the hesitation started no held answer (its transcript was never announced), or cancelled it
+    announced = len(of(sem, "transcript.speculative"))
+    assert announced <= 1 + len(of(sem, "speculative.cancelled")), sem
+
+
+def test_idle_timeout_triggers_a_turn(asr_stage) -> None:
+    events = run_stream(asr_stage, "idle", {"type": "server_vad", "idle_timeout_ms": 1000}, silence(1300), realtime=False)
+    [fired] = of(events, "timeout_triggered")
+    assert fired["audio_start_ms"] == 0 and 1000 <= fired["audio_end_ms"] <= 1100, fired
+    [committed] = of(events, "committed")
+    assert committed["trigger"] == "timeout"
+    [final] = of(events, "transcript.final")
+    assert final["trigger"] == "timeout"
+
+
+# ---------------------------------------------------------------- end to end
+
+
+async def test_semantic_vad_and_idle_timeout_end_to_end(live_server, tts):
+    """Through the live server: semantic_vad ends a complete question early and answers it; then with
+    server_vad idle_timeout_ms the silence after the answer fires input_audio_buffer.timeout_triggered."""
+    audio = speech_with_silence(tts.synthesize(COMPLETE), tts.sample_rate, lead_s=0.3, tail_s=1.5)
+    async with asyncio.timeout(180), connect(live_server) as rt:
+        upd = await rt.update({"max_output_tokens": 16, "audio": {"input": {
+            "transcription": {"model": "whisper-1"}, "turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}})
+        assert upd["session"]["audio"]["input"]["turn_detection"]["eagerness"] == "high"
+        for chunk in pcm_chunks_b64(audio, chunk_ms=20):
+            await rt.send({"type": "input_audio_buffer.append", "audio": chunk})
+            await asyncio.sleep(0.02)
+        done = await rt.until("response.done")
+        assert done["response"]["status"] == "completed", done
+        stopped = of_type(rt.events, "input_audio_buffer.speech_stopped")
+        assert len(stopped) == 1
+        speech_end_ms = 300 + 1000 * len(tts.synthesize(COMPLETE)) / tts.sample_rate
+        assert stopped[0]["audio_end_ms"] - speech_end_ms < 450, stopped  # server_vad's default would be >= 500
+        transcript = of_type(rt.events, "conversation.item.input_audio_transcription.completed")[0]["transcript"]
+        assert "france" in transcript.lower()
+
+        await rt.update({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 1000}}}})
+        silent = pcm_chunks_b64(np.zeros(24000 * 12, np.float32), chunk_ms=100)  # past the answer's playback too
+        start = len(rt.events)
+        for chunk in silent:
+            await rt.send({"type": "input_audio_buffer.append", "audio": chunk})
+        fired = await rt.until("input_audio_buffer.timeout_triggered")
+        assert fired["audio_end_ms"] - fired["audio_start_ms"] >= 1000, fired
+        committed = await rt.until("input_audio_buffer.committed")
+        assert committed["item_id"] == fired["item_id"]
+        await rt.until("response.created")  # the GA protocol answers the silence (a prompt to go on)
+        types = [e["type"] for e in rt.events[start:]]
+        assert "error" not in types, types
