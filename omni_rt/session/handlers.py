@@ -89,12 +89,12 @@ def item_truncate(s: "RealtimeSession", event: dict[str, Any]) -> None:
         raise ProtocolError("invalid_value", "content_index must be 0", "content_index")
     if audio_end_ms > item.audio_ms:
         raise ProtocolError("invalid_value", f"audio_end_ms {audio_end_ms} is past the item's audio ({item.audio_ms} ms)", "audio_end_ms")
-    if s.response is not None and s.response.item is item:
-        s._cancel_active("turn_detected")
     item.content = [{"type": "output_audio", "transcript": truncate_text(item, audio_end_ms)}]
     item.audio_ms = audio_end_ms
     item.status = "incomplete"
     s.send({"type": "conversation.item.truncated", "item_id": item_id, "content_index": 0, "audio_end_ms": audio_end_ms})
+    if s.response is not None and s.response.item is item:  # the listener stopped it: the answer ends here
+        s.cancel_active("turn_detected")
 
 
 RESPONSE_FIELDS = {"instructions", "output_modalities", "modalities", "max_output_tokens", "max_response_output_tokens",

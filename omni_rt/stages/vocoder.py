@@ -17,7 +17,7 @@ import numpy as np
 from omni_rt.audio.pcm import StreamResampler, float_to_pcm16
 from omni_rt.audio import PIPELINE_OUTPUT_RATE
 from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
-from omni_rt.stages.contracts import Clause, CodecFrames, PcmChunk
+from omni_rt.stages.contracts import Clause, PcmChunk
 
 OUTPUT_RATE = PIPELINE_OUTPUT_RATE
 

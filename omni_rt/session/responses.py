@@ -1,0 +1,266 @@
+"""The response lifecycle, the part of ``RealtimeSession`` that starts answers, maps their stream chunks (by
+stage role) to GA events, and ends them: done, cancelled (barge-in, client), failed, or — for a held answer —
+released or discarded. Mixed into ``RealtimeSession`` (it uses that class's state)."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+from omni_rt.audio import PIPELINE_OUTPUT_RATE
+from omni_rt.audio.formats import OutputEncoder
+from omni_rt.audio.pcm import pcm16_to_float
+from omni_rt.realtime.errors import ProtocolError, error_event
+from omni_rt.realtime.events import new_id
+from omni_rt.realtime.session_config import SessionConfig
+from omni_rt.session import commands as cmd
+from omni_rt.session.conversation import Conversation, Item
+from omni_rt.session.response import Response, ResponseState
+from omni_rt.session.turn import Turn
+from omni_rt.stages import contracts as c
+
+
+class ResponseLifecycle:
+    def start_response(self, cfg: SessionConfig, metadata: dict[str, str] | None = None,
+                       in_conversation: bool = True, input_items: list[Item] | None = None) -> Response:
+        """A client's ``response.create``: refused while another response is active."""
+        if self.config.session_type == "transcription":
+            raise ProtocolError("invalid_request", "a transcription session creates no responses", "type")
+        if self.response is not None:
+            raise ProtocolError("conversation_already_has_active_response",
+                                f"response {self.response.id} is still in progress; cancel it first", None)
+        return self._start_response(cfg, metadata=metadata, in_conversation=in_conversation, input_items=input_items)
+
+    def _start_response(self, cfg: SessionConfig, held_user_text: str | None = None, metadata: dict[str, str] | None = None,
+                        in_conversation: bool = True, input_items: list[Item] | None = None) -> Response:
+        """Start an answer. With ``held_user_text`` it is prepared from a speculative transcript before the
+        turn has ended: nothing reaches the client or the history until ``_release``."""
+        item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress")
+        resp = Response(id=new_id("resp"), item=item, modalities=list(cfg.output_modalities), output_format=cfg.output_format,
+                        voice=cfg.voice, max_output_tokens=cfg.max_output_tokens, metadata=metadata,
+                        in_conversation=in_conversation)
+        resp.turn_end = time.perf_counter()
+        source = input_items if input_items is not None else self.conversation.items
+        messages = Conversation.messages_of(source, cfg.instructions)
+        if held_user_text is not None:
+            resp.state, resp.spec_text = ResponseState.HELD, held_user_text
+            messages.append({"role": "user", "content": held_user_text})
+        else:
+            self.response = resp
+        cap = self.limits.max_response_tokens
+        max_tokens = cap if cfg.max_output_tokens == "inf" else min(int(cfg.max_output_tokens), cap)
+        payload: dict[str, Any] = {"messages": messages, "session_id": self.id if in_conversation else None, "max_tokens": max_tokens}
+        if cfg.tools and cfg.tool_choice != "none":
+            payload["tools"] = [dict(t) for t in cfg.tools]
+            payload["tool_choice"] = cfg.tool_choice
+        self._emit(resp, {"type": "response.created", "response": resp.render(self.id)})
+        prev = self.conversation.add(item) if resp.state is ResponseState.ACTIVE and in_conversation else None
+        self._emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": 0, "item": item.render()})
+        if in_conversation:
+            self._emit(resp, {"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
+        part = {"type": "audio", "transcript": ""} if resp.speaks else {"type": "text", "text": ""}
+        self._emit(resp, {"type": "response.content_part.added", "response_id": resp.id, "item_id": item.id, "output_index": 0,
+                          "content_index": 0, "part": part})
+        encoder = OutputEncoder(resp.output_format, source_rate=PIPELINE_OUTPUT_RATE) if resp.output_format != "audio/pcm" else None
+        self._responses[resp.id] = (resp, encoder)
+        self._commands.append(cmd.StartResponse(resp.id, payload))
+        return resp
+
+    def receive_output(self, response_id: str, role: str, data: Any) -> None:
+        """A stream chunk of a running response, by the role of the stage that produced it."""
+        entry = self._responses.get(response_id)
+        if entry is None or self.closed:
+            return  # an answer that was cancelled or discarded: its late outputs are dropped
+        resp, encoder = entry
+        if role == "text" and isinstance(data, c.TextDelta) and data.text:
+            if not resp.text:
+                self._observations.append(("thinker_first_token", time.perf_counter() - resp.started))
+            resp.text += data.text
+            kind = "response.output_audio_transcript.delta" if resp.speaks else "response.output_text.delta"
+            self._emit(resp, {"type": kind, "response_id": resp.id, "item_id": resp.item.id, "output_index": 0,
+                              "content_index": 0, "delta": data.text})
+        elif role == "text" and isinstance(data, c.ToolCallDelta):
+            self._on_call_delta(resp, data)
+        elif role == "text" and isinstance(data, c.ToolCallDone):
+            self._on_call_done(resp, data)
+        elif role == "clauses" and resp.speaks and isinstance(data, c.Clause):
+            resp.item.clause_ms.append((int(resp.clause_start_ms), data.text))
+            resp.clause_start_ms += data.duration_ms
+        elif role == "audio" and resp.speaks and isinstance(data, c.PcmChunk):
+            pcm = encoder.encode(pcm16_to_float(data.pcm)) if encoder is not None else data.pcm
+            self._send_audio(resp, pcm, data.samples)
+
+    def _on_call_delta(self, resp: Response, d: c.ToolCallDelta) -> None:
+        """The model is calling a tool: a ``function_call`` output item whose arguments stream."""
+        item = resp.calls.get(d.index)
+        if item is None:
+            item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress", type="function_call",
+                        call_id=d.call_id, name=d.name)
+            resp.calls[d.index] = item
+            resp.output.append(item)
+            prev = self.conversation.add(item) if resp.in_conversation and resp.state is ResponseState.ACTIVE else None
+            self._emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": resp.output_index(item),
+                              "item": item.render()})
+            if resp.in_conversation:
+                self._emit(resp, {"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
+        if d.arguments_delta:
+            item.arguments += d.arguments_delta
+            self._emit(resp, {"type": "response.function_call_arguments.delta", "response_id": resp.id, "item_id": item.id,
+                              "output_index": resp.output_index(item), "call_id": item.call_id, "delta": d.arguments_delta})
+
+    def _on_call_done(self, resp: Response, d: c.ToolCallDone) -> None:
+        item = resp.calls.get(d.index)
+        if item is None:
+            self._on_call_delta(resp, c.ToolCallDelta(d.index, d.call_id, d.name, ""))
+            item = resp.calls[d.index]
+        item.arguments, item.status = d.arguments, "completed"
+        self._emit(resp, {"type": "response.function_call_arguments.done", "response_id": resp.id, "item_id": item.id,
+                          "output_index": resp.output_index(item), "call_id": item.call_id, "name": item.name,
+                          "arguments": item.arguments})
+        self._emit(resp, {"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(item),
+                          "item": item.render()})
+        if resp.in_conversation:
+            self._emit(resp, {"type": "conversation.item.done", "previous_item_id": self.conversation.previous_id(item.id)
+                              if item in self.conversation.items else None, "item": item.render()})
+
+    def receive_result(self, response_id: str, result: Any) -> None:
+        """The response's pipeline result: it completed."""
+        entry = self._responses.pop(response_id, None)
+        if entry is None:
+            return
+        resp, encoder = entry
+        if encoder is not None and resp.speaks:
+            self._send_audio(resp, encoder.flush(), 0)
+        if isinstance(result, dict):
+            resp.usage = {k: result.get(k) for k in ("prompt_tokens", "completion_tokens", "cached_tokens")}
+        self._finish(resp, ResponseState.DONE)
+
+    def receive_failure(self, response_id: str, code: str, stage: str, message: str) -> None:
+        entry = self._responses.pop(response_id, None)
+        if entry is None:
+            return
+        resp = entry[0]
+        if resp.state is ResponseState.ACTIVE:
+            self._emit(resp, error_event(code, f"response failed in stage '{stage}': {message}", type_="server_error"))
+        self._finish(resp, ResponseState.FAILED, code)
+
+    def _send_audio(self, resp: Response, data: bytes, samples: int) -> None:
+        if not data:
+            return
+        if resp.first_audio is None and resp.state is ResponseState.ACTIVE:
+            self._first_audio(resp)
+        resp.item.audio_ms += int(samples * 1000 / PIPELINE_OUTPUT_RATE) if samples else 0
+        self._emit(resp, {"type": "response.output_audio.delta", "response_id": resp.id, "item_id": resp.item.id, "output_index": 0,
+                          "content_index": 0, "delta": base64.b64encode(data).decode("ascii")})
+
+    def _first_audio(self, resp: Response) -> None:
+        resp.first_audio = time.perf_counter()
+        ttfa = resp.ttfa_ms()
+        if ttfa is not None:
+            self._observations.append(("ttfa", ttfa / 1000))
+            self.log.info("response %s first audio %.0f ms after end of turn", resp.id, ttfa)
+
+    def _emit(self, resp: Response, event: dict[str, Any]) -> None:
+        """Send a response's event, or keep it while the response is held."""
+        if resp.state is ResponseState.DISCARDED:
+            return
+        if resp.state is ResponseState.HELD:
+            resp.held_events.append(event)
+        else:
+            self.send(event)
+
+    def _release(self, resp: Response, turn: Turn) -> None:
+        """The turn ended as speculated: the held answer joins the history and its events go out now."""
+        resp.state = ResponseState.ACTIVE
+        resp.turn_end = turn.end_at or time.perf_counter()
+        prev = self.conversation.add(resp.item)
+        for call in resp.calls.values():
+            self.conversation.add(call)
+        self.response = resp
+        for ev in resp.held_events:
+            if ev["type"] in ("conversation.item.added", "conversation.item.done"):
+                ev["previous_item_id"] = prev
+            if ev["type"] == "response.output_audio.delta" and resp.first_audio is None:
+                self._first_audio(resp)
+            self.send(ev)
+        resp.held_events.clear()
+        self.stats["speculative_released"] += 1
+        self._observations.append(("speculative_released", 1))
+        if resp.pending_final is not None:  # it finished while held
+            self._finish(resp, *resp.pending_final)
+
+    def _discard(self, resp: Response | None) -> None:
+        """Drop a held answer without a trace on the wire (the user kept talking, or said something else)."""
+        if resp is None or resp.state is not ResponseState.HELD:
+            return
+        resp.state = ResponseState.DISCARDED
+        resp.held_events.clear()
+        if self._responses.pop(resp.id, None) is not None:
+            self._commands.append(cmd.AbortResponse(resp.id))
+        self.stats["speculative_discarded"] += 1
+        self._observations.append(("speculative_discarded", 1))
+
+    def _discard_held(self, turn: Turn) -> None:
+        held, turn.held = turn.held, None
+        self._discard(held)
+
+    def cancel_response(self, response_id: str | None) -> None:
+        """A client's ``response.cancel``."""
+        if self.response is None or (response_id is not None and response_id != self.response.id):
+            raise ProtocolError("response_cancel_not_active", "there is no active response to cancel", "response_id")
+        self.cancel_active("client_cancelled")
+
+    def cancel_active(self, reason: str) -> None:
+        """Stop the active answer at once: abort it in the pipeline, drop its queued audio, finish it."""
+        resp = self.response
+        if resp is None:
+            return
+        if self._responses.pop(resp.id, None) is not None:
+            self._commands.append(cmd.AbortResponse(resp.id))
+        self.purge_audio(resp.id)
+        self._finish(resp, ResponseState.CANCELLED, reason)
+
+    def _finish(self, resp: Response, state: ResponseState, reason: str | None = None) -> None:
+        """Enter a final state and send the done events (a held response keeps them until release)."""
+        if resp.state.final:
+            return
+        if resp.state is ResponseState.HELD:
+            resp.pending_final = (state, reason)
+            return
+        if self.response is resp:
+            self.response = None
+        resp.transition(state, reason)
+        if state is not ResponseState.DONE:
+            ttfa = resp.ttfa_ms()
+            self.log.info("response %s %s (%s)%s", resp.id, state.value, reason,
+                          f", first audio after {ttfa:.0f} ms" if ttfa is not None else "")
+        item = resp.item
+        if resp.speaks:
+            heard = item.content[0]["transcript"] if item.content else None  # set by truncate
+            item.content = [{"type": "output_audio", "transcript": heard if heard is not None else resp.text}]
+        else:
+            item.content = [{"type": "output_text", "text": resp.text}]
+        item.status = "completed" if state is ResponseState.DONE else "incomplete"
+        base = {"response_id": resp.id, "item_id": item.id, "output_index": 0, "content_index": 0}
+        if resp.speaks:
+            self.send({"type": "response.output_audio.done", **base})
+            self.send({"type": "response.output_audio_transcript.done", **base, "transcript": resp.text})
+            part = {"type": "audio", "transcript": resp.text}
+        else:
+            self.send({"type": "response.output_text.done", **base, "text": resp.text})
+            part = {"type": "text", "text": resp.text}
+        self.send({"type": "response.content_part.done", **base, "part": part})
+        self.send({"type": "response.output_item.done", "response_id": resp.id, "output_index": 0, "item": item.render()})
+        if resp.in_conversation:
+            self.send({"type": "conversation.item.done", "item": item.render(),
+                       "previous_item_id": self.conversation.previous_id(item.id) if item in self.conversation.items else None})
+        for call in resp.calls.values():
+            if call.status == "in_progress":  # cut off (cancelled, or the token limit): never reported as a whole call
+                call.status = "incomplete"
+                self.send({"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(call),
+                           "item": call.render()})
+        self.send({"type": "response.done", "response": resp.render(self.id)})
+        if (self.config.turn_detection or {}).get("idle_timeout_ms"):  # the idle clock restarts after its playback
+            self._commands.append(cmd.ControlAudioIn("response_done", {"audio_ms": resp.item.audio_ms}))
+
