@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 import time
 
 import httpx
@@ -144,11 +143,11 @@ def test_crash_mid_answer_fails_clearly_then_recovers(sched):
 def test_stop_kills_the_server_process(binary):
     s = create_ar_scheduler("smollm2", backend="llama.cpp", max_batch_size=1, kv_budget_tokens=1024)
     s.start()
-    proc = s.server.proc
+    proc, supervisor = s.server.proc, s.server._thread
     assert httpx.get(s.server.base_url + "/health", timeout=5).status_code == 200
     s.stop()
     assert proc.poll() is not None  # reaped, not orphaned
-    assert not any(t.name == "llama-server-supervisor" for t in threading.enumerate())
+    assert not supervisor.is_alive()
 
 
 def test_falls_back_to_torch_without_binary(tmp_path, caplog):

@@ -38,8 +38,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
 
-from omni_rt.engine.weights import cache_root
-
 log = logging.getLogger(__name__)
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the sdist whose vendor/llama.cpp we build
@@ -63,6 +61,13 @@ CMAKE_FLAGS: tuple[str, ...] = (
     "-DLLAMA_CURL=OFF",
 )
 _STAMP = "build.json"
+
+
+def cache_root() -> Path:
+    """Same root as ``weights.cache_root``, without importing torch (keeps the cached-build check ~0.1 s)."""
+    return Path(os.environ.get("OMNI_RT_CACHE") or Path.home() / ".cache" / "omni-rt")
+
+
 _FAILED = "FAILED"
 
 
@@ -263,7 +268,13 @@ class LlamaServer:
         self._thread = None
 
     def wait_ready(self, timeout_s: float) -> bool:
-        return self._ready.wait(timeout_s)
+        """True once a live, healthy server is up (after a crash: the restarted one)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.alive:
+            if time.monotonic() > deadline or self._stop.is_set():
+                return False
+            time.sleep(0.02)
+        return True
 
     # -- internals
     def _kill(self, grace_s: float) -> None:
@@ -351,6 +362,8 @@ class LlamaServer:
 # ----------------------------------------------------------------------------------------------- the scheduler
 def _make_scheduler_class():
     # imported lazily: keeps ``python -m omni_rt.engine.llama_cpp build`` free of httpx/engine imports
+    import asyncio
+
     from omni_rt.engine.async_stream import Delta, UpstreamError
     from omni_rt.engine.remote import RemoteScheduler
     from omni_rt.engine.request import GenRequest
@@ -385,6 +398,11 @@ def _make_scheduler_class():
                 async for d in super().generate(request_id, req):
                     yield d
             except UpstreamError as exc:
+                # a killed process closes its sockets a moment before it can be reaped: look for up to 0.5 s
+                for _ in range(10):
+                    if self.server.restarts != restarts or not self.server.alive:
+                        break
+                    await asyncio.sleep(0.05)
                 if self.server.restarts != restarts or not self.server.alive:
                     raise UpstreamError(
                         f"the llama.cpp thinker (llama-server pid {pid}) exited mid-answer and is being "
