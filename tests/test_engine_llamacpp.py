@@ -204,3 +204,16 @@ def test_server_dies_with_a_killed_parent(binary, tmp_path):
         assert wait_until(gone, timeout=10)
     finally:
         parent.kill()
+
+
+def test_a_cached_binary_that_cannot_run_is_not_used(tmp_path):
+    import json
+
+    d = llama_cpp.build_dir(tmp_path)
+    d.mkdir(parents=True)
+    (d / llama_cpp.BINARY_NAME).write_text("#!/bin/sh\nexit 132\n")  # e.g. built for another CPU
+    (d / llama_cpp.BINARY_NAME).chmod(0o755)
+    (d / "build.json").write_text(json.dumps({"key": llama_cpp.build_key()}))
+    assert llama_cpp.locate_binary(tmp_path) is None
+    (d / llama_cpp.BINARY_NAME).write_text("#!/bin/sh\nexit 0\n")
+    assert llama_cpp.locate_binary(tmp_path) == d / llama_cpp.BINARY_NAME

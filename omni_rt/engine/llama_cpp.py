@@ -98,7 +98,7 @@ def locate_binary(root: str | os.PathLike | None = None) -> Path | None:
     explicit = os.environ.get("OMNI_RT_LLAMA_SERVER")
     if explicit and root is None:
         p = Path(explicit)
-        return p if p.is_file() and os.access(p, os.X_OK) else None
+        return p if p.is_file() and os.access(p, os.X_OK) and _runs(p) else None
     d = build_dir(root)
     binary, stamp = d / BINARY_NAME, d / _STAMP
     if not (binary.is_file() and os.access(binary, os.X_OK) and stamp.is_file()):
@@ -108,7 +108,15 @@ def locate_binary(root: str | os.PathLike | None = None) -> Path | None:
             return None
     except (OSError, ValueError):
         return None
-    return binary
+    return binary if _runs(binary) else None
+
+
+def _runs(binary: Path) -> bool:
+    """``llama-server --version`` exits 0 (~50 ms): a copied cache or a changed libc/CPU cannot break serving."""
+    try:
+        return subprocess.run([str(binary), "--version"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def build_failed(root: str | os.PathLike | None = None) -> str | None:
