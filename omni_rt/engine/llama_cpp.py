@@ -197,6 +197,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _prune_logs(folder: Path, keep: int) -> None:
+    """One log per serving process: keep the newest ``keep`` so the cache folder does not grow forever."""
+    with contextlib.suppress(OSError):
+        logs = sorted(folder.glob("llama-server-*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in logs[keep:]:
+            old.unlink(missing_ok=True)
+
+
 def _die_with_parent() -> None:
     """preexec_fn: SIGKILL the child when the thread that spawned it dies (the supervisor, or the whole parent)."""
     with contextlib.suppress(Exception):
@@ -259,6 +267,7 @@ class LlamaServer:
         if self._thread is not None:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        _prune_logs(self.log_path.parent, keep=20)
         self._thread = threading.Thread(target=self._supervise, name="llama-server-supervisor", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + self.ready_timeout_s + 5
