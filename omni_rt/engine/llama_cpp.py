@@ -197,6 +197,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+# a private 127.0.0.1 port: never route the health check through an http_proxy from the environment
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _prune_logs(folder: Path, keep: int) -> None:
     """One log per serving process: keep the newest ``keep`` so the cache folder does not grow forever."""
     with contextlib.suppress(OSError):
@@ -266,6 +270,8 @@ class LlamaServer:
         """Spawn and wait until ``/health`` answers 200; raises RuntimeError if it cannot come up."""
         if self._thread is not None:
             return
+        self._stop.clear()  # a stopped server may be started again
+        self._failed = None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         _prune_logs(self.log_path.parent, keep=20)
         self._thread = threading.Thread(target=self._supervise, name="llama-server-supervisor", daemon=True)
@@ -319,7 +325,7 @@ class LlamaServer:
 
     def _healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(self.base_url + "/health", timeout=1.0) as r:
+            with _NO_PROXY.open(self.base_url + "/health", timeout=1.0) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
             return False
