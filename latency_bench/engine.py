@@ -7,6 +7,11 @@ measured turn prefills only the new tokens.
 
     python -m latency_bench.engine                          # SmolLM2-135M (the CPU preset's thinker) on CPU
     python -m latency_bench.engine --shape qwen2.5-7b --device cuda --dtype bfloat16   # random-init shape, GPU
+    python -m latency_bench.engine --engine both            # + the llama.cpp thinker (Q4_1 GGUF), same requests
+
+llama.cpp rows run the packaged Q4_1 GGUF on a managed ``llama-server`` (1 and 2 threads; prefix reuse off =
+``--no-cache-prompt``); there the decode ms/step is measured client-side as (time to last token - TTFT) /
+(tokens - 1), and the prefilled tokens are prompt - ``cached_tokens`` as llama-server reports them.
 """
 
 from __future__ import annotations
@@ -143,6 +148,82 @@ def run_case(engine: TorchEngine, vocab: int, conc: int, lookahead: bool, reuse:
     }
 
 
+def run_llama_case(sched, vocab: int, conc: int, args) -> dict:
+    """One measured second turn per session against a started llama.cpp scheduler (fresh session ids)."""
+    g = torch.Generator().manual_seed(conc)
+    tag = f"{conc}-{time.monotonic_ns()}"
+    histories = [torch.randint(10, vocab - 1, (args.history_tokens,), generator=g).tolist() for _ in range(conc)]
+    warm = [f"w{tag}-{i}" for i in range(conc)]
+    for i, rid in enumerate(warm):  # turn 1: the session's history (llama.cpp keeps it in the slot's KV)
+        send(sched, rid, {"prompt_ids": histories[i], "max_tokens": 4, "session_id": f"s{i}", "ignore_eos": True})
+    collect(sched, warm, timeout=600)
+    # turn 2: history + new tokens (the tokens of turn 1's answer are not returned by llama-server's OpenAI
+    # API, so the new turn follows the history directly: the reusable prefix is the same history)
+    prompts = [histories[i] + list(range(20, 20 + args.new_tokens)) for i in range(conc)]
+    ids = [f"m{tag}-{i}" for i in range(conc)]
+    t0 = time.perf_counter()
+    last: dict[str, float] = {}
+    for i, rid in enumerate(ids):
+        send(sched, rid, {"prompt_ids": prompts[i], "max_tokens": args.max_tokens, "session_id": f"s{i}",
+                          "ignore_eos": True})
+    out = {rid: {"n": 0, "result": None} for rid in ids}
+    while any(v["result"] is None for v in out.values()):
+        msg = sched.outbox.get(timeout=600)
+        if msg.request_id not in out:
+            continue
+        if msg.type == "stream":
+            last[msg.request_id] = time.perf_counter()
+        elif msg.type == "result":
+            out[msg.request_id]["result"] = msg.data
+        elif msg.type == "error":
+            raise RuntimeError(f"llama.cpp request failed: {msg.data}")
+    wall = time.perf_counter() - t0
+    res = [out[r]["result"] for r in ids]
+    ttft = [r["ttft_ms"] for r in res]
+    step = [
+        ((last[r] - t0) * 1000 - out[r]["result"]["ttft_ms"]) / max(1, out[r]["result"]["completion_tokens"] - 1)
+        for r in ids
+    ]
+    return {
+        "engine": "llama.cpp",
+        "concurrency": conc,
+        "prompt_tokens": res[0]["prompt_tokens"],
+        "prefilled_tokens": statistics.mean(r["prompt_tokens"] - r["cached_tokens"] for r in res),
+        "ttft_ms_p50": statistics.median(ttft),
+        "ttft_ms_max": max(ttft),
+        "tokens_per_s": sum(r["completion_tokens"] for r in res) / wall,
+        "ms_per_decode_step": statistics.median(step),
+        "wall_s": wall,
+    }
+
+
+def llama_rows(vocab: int, args) -> list[dict]:
+    """llama.cpp rows: threads 1 and 2, prefix reuse on/off, each concurrency; one server per config."""
+    from omni_rt.engine import llama_cpp
+    from omni_rt.engine.weights import smollm2_gguf_path
+
+    binary = llama_cpp.locate_binary()
+    if binary is None:
+        print(f"llama.cpp: no llama-server built ({llama_cpp.build_failed() or 'run python -m omni_rt.engine.llama_cpp build'})")
+        return []
+    rows = []
+    for threads in args.llama_threads:
+        for reuse in (True, False):
+            sched = llama_cpp.create_llama_cpp_scheduler(
+                smollm2_gguf_path(), binary, threads=threads, parallel=max(args.concurrency),
+                ctx_size=max(args.concurrency) * args.max_seq_len,
+                extra_args=() if reuse else ("--no-cache-prompt",),
+            )
+            sched.start()
+            try:
+                run_llama_case(sched, vocab, 1, args)  # warm-up
+                for c in args.concurrency:
+                    rows.append({**run_llama_case(sched, vocab, c, args), "threads": threads, "prefix_reuse": reuse})
+            finally:
+                sched.stop()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2", help="'smollm2' or a local model directory")
@@ -155,31 +236,41 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--json", default="latency_bench/results/engine.json", help="where to write the results")
+    ap.add_argument("--engine", choices=["torch", "llama.cpp", "both"], default="torch")
+    ap.add_argument("--llama-threads", default="1,2", help="llama.cpp thread counts to measure")
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.llama_threads = [int(t) for t in args.llama_threads.split(",")]
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
 
-    t0 = time.perf_counter()
-    engine, vocab = build_engine(args)
     label = args.shape or args.model
-    print(
-        f"{label} on {args.device} ({args.dtype}), loaded in {time.perf_counter() - t0:.1f} s; "
-        f"cuda graphs: {sorted(engine.graphs) or 'none'}; torch threads: {torch.get_num_threads()}"
-    )
-    run_case(engine, vocab, 1, True, True, args)  # warm-up (allocator, kernels)
-
-    rows = [
-        run_case(engine, vocab, c, la, pr, args)
-        for c in args.concurrency
-        for la in (True, False)
-        for pr in (True, False)
-    ]
-    head = f"{'conc':>4} {'lookahead':>9} {'reuse':>5} {'prompt':>6} {'prefill':>7} {'TTFT p50 ms':>11} {'TTFT max ms':>11} {'tok/s':>7} {'ms/step':>8}"
+    rows = []
+    if args.engine in ("torch", "both"):
+        t0 = time.perf_counter()
+        engine, vocab = build_engine(args)
+        print(
+            f"{label} on {args.device} ({args.dtype}), loaded in {time.perf_counter() - t0:.1f} s; "
+            f"cuda graphs: {sorted(engine.graphs) or 'none'}; torch threads: {torch.get_num_threads()}"
+        )
+        run_case(engine, vocab, 1, True, True, args)  # warm-up (allocator, kernels)
+        rows = [
+            {"engine": "torch", **run_case(engine, vocab, c, la, pr, args)}
+            for c in args.concurrency
+            for la in (True, False)
+            for pr in (True, False)
+        ]
+    else:
+        vocab = len(load_tokenizer(resolve_model("smollm2")))
+    if args.engine in ("llama.cpp", "both"):
+        rows += llama_rows(vocab, args)
+    print("torch rows: fp32 PyTorch; llama.cpp rows: Q4_1 GGUF, 'lookahead' column = llama-server threads")
+    head = f"{'engine':>9} {'conc':>4} {'lookahead':>9} {'reuse':>5} {'prompt':>6} {'prefill':>7} {'TTFT p50 ms':>11} {'TTFT max ms':>11} {'tok/s':>7} {'ms/step':>8}"
     print(head)
     print("-" * len(head))
     for r in rows:
         print(
-            f"{r['concurrency']:>4} {'on' if r['lookahead'] else 'off':>9} {'on' if r['prefix_reuse'] else 'off':>5} "
+            f"{r['engine']:>9} {r['concurrency']:>4} "
+            f"{(('on' if r['lookahead'] else 'off') if 'lookahead' in r else str(r['threads']) + ' thr'):>9} {'on' if r['prefix_reuse'] else 'off':>5} "
             f"{r['prompt_tokens']:>6} {r['prefilled_tokens']:>7.0f} {r['ttft_ms_p50']:>11.1f} {r['ttft_ms_max']:>11.1f} "
             f"{r['tokens_per_s']:>7.1f} {r['ms_per_decode_step']:>8.1f}"
         )

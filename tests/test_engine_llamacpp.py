@@ -1,0 +1,224 @@
+"""The llama.cpp thinker: the real ``llama-server`` built by scripts/install.sh, serving the packaged SmolLM2
+GGUF on a private 127.0.0.1 port, driven through the stage protocol (inbox/outbox) like any AR scheduler.
+
+Counters come from llama-server itself (``/metrics``: prompt tokens it evaluated; ``/slots``: which slots are
+decoding), so prefix reuse and abort are checked upstream, not inferred from our side.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from omni_rt.engine import llama_cpp
+from omni_rt.engine.factory import create_ar_scheduler
+from omni_rt.engine.testing import collect, send, wait_until
+
+SYSTEM = {"role": "system", "content": "You are a helpful voice assistant. Answer in one short sentence."}
+
+
+def _q(text: str) -> list[dict]:
+    return [SYSTEM, {"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def binary():
+    found = llama_cpp.locate_binary()
+    if found is None:
+        failed = llama_cpp.build_failed()
+        if failed:
+            pytest.skip(f"llama-server is not built and its build failed here: {failed}")
+        pytest.fail(
+            f"llama-server not built (expected {llama_cpp.build_dir() / llama_cpp.BINARY_NAME}); "
+            "run ./scripts/install.sh or python -m omni_rt.engine.llama_cpp build"
+        )
+    return found
+
+
+@pytest.fixture(scope="module")
+def sched(binary):
+    s = create_ar_scheduler("smollm2", backend="llama.cpp", max_batch_size=2, kv_budget_tokens=4096,
+                            cpu_threads=1, default_max_tokens=48)
+    s.start()
+    yield s
+    s.stop()
+
+
+def _chunk_text(c) -> str:
+    """A ``stream`` chunk's text: a dict here, a ``TextDelta`` once the stage contracts land."""
+    return c["text"] if isinstance(c, dict) else c.text
+
+
+def _metric(s, name: str) -> float:
+    text = httpx.get(s.server.base_url + "/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(f"llamacpp:{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"llamacpp:{name} not in /metrics:\n{text[:1000]}")
+
+
+def _busy_slots(s) -> int:
+    return sum(bool(slot.get("is_processing")) for slot in httpx.get(s.server.base_url + "/slots", timeout=5).json())
+
+
+def _ask(s, rid: str, messages: list[dict], **kw) -> dict:
+    send(s, rid, {"messages": messages, "session_id": kw.pop("session_id", rid), **kw})
+    return collect(s, [rid], timeout=60)[rid]
+
+
+def test_answers_paris_streaming(sched):
+    got = _ask(sched, "paris", _q("What is the capital of France?"))
+    assert got["error"] is None, got["error"]
+    res = got["result"]
+    assert "paris" in res["text"].lower(), res["text"]
+    assert len(got["stream"]) >= 3  # streamed in pieces, not one final blob
+    assert "".join(_chunk_text(c) for c in got["stream"]) == res["text"]
+    assert res["prompt_tokens"] > 10 and res["completion_tokens"] >= 3
+    assert sched.tokenizer is not None  # the session layer counts tokens with it
+    assert wait_until(lambda: sched.live_state() == 0)
+
+
+def test_stop_strings_and_max_tokens(sched):
+    got = _ask(sched, "stop", _q("Count from one to twenty, separated by commas."), stop=["five"])
+    assert got["error"] is None, got["error"]
+    assert "five" not in got["result"]["text"].lower() and "six" not in got["result"]["text"].lower()
+    got = _ask(sched, "len", _q("Tell me a long story about a dragon."), max_tokens=5)
+    assert got["result"]["completion_tokens"] == 5 and got["result"]["finish_reason"] == "length"
+
+
+def test_prefix_reuse_second_turn(sched):
+    turn1 = _q("My name is Alice and I live in a small town near the sea. What is the capital of Italy?")
+    evaluated0 = _metric(sched, "prompt_tokens_total")
+    first = _ask(sched, "t1", turn1, session_id="alice")["result"]
+    evaluated1 = _metric(sched, "prompt_tokens_total")
+    turn2 = turn1 + [{"role": "assistant", "content": first["text"]}, {"role": "user", "content": "And of Spain?"}]
+    second = _ask(sched, "t2", turn2, session_id="alice")["result"]
+    evaluated2 = _metric(sched, "prompt_tokens_total")
+    new1, new2 = evaluated1 - evaluated0, evaluated2 - evaluated1
+    assert second["prompt_tokens"] > first["prompt_tokens"]
+    # the second turn evaluates only what the first did not already hold (its answer + the new question)
+    assert new2 < second["prompt_tokens"] - first["prompt_tokens"] + 16, (new1, new2, first, second)
+    assert second["cached_tokens"] >= first["prompt_tokens"] - 2, second
+
+
+def test_abort_mid_answer_stops_upstream(sched):
+    send(sched, "long", {"messages": _q("Write a long essay about the history of Rome."), "max_tokens": 400,
+                         "ignore_eos": True})
+    first = sched.outbox.get(timeout=30)
+    assert first.type == "stream", first
+    assert wait_until(lambda: _busy_slots(sched) == 1, timeout=10)
+    sched.abort("long")
+    got = collect(sched, ["long"], timeout=30)["long"]
+    assert got["result"]["finish_reason"] == "abort"
+    assert got["result"]["completion_tokens"] < 400 or len(got["stream"]) < 399
+    # closing the HTTP stream makes llama-server drop the slot: nothing is decoding any more
+    assert wait_until(lambda: _busy_slots(sched) == 0, timeout=10)
+    assert wait_until(lambda: sched.live_state() == 0)
+
+
+def test_two_concurrent_sessions(sched):
+    send(sched, "a", {"messages": _q("What is the capital of France?"), "session_id": "a"})
+    send(sched, "b", {"messages": _q("How many legs does a spider have?"), "session_id": "b"})
+    both = collect(sched, ["a", "b"], timeout=60)
+    assert both["a"]["error"] is None and both["b"]["error"] is None, (both["a"]["error"], both["b"]["error"])
+    assert "paris" in both["a"]["result"]["text"].lower()
+    assert "eight" in both["b"]["result"]["text"].lower() or "8" in both["b"]["result"]["text"]
+
+
+def test_crash_mid_answer_fails_clearly_then_recovers(sched):
+    send(sched, "doomed", {"messages": _q("Write a long essay about the history of Rome."), "max_tokens": 400,
+                           "ignore_eos": True})
+    assert sched.outbox.get(timeout=30).type == "stream"
+    old_pid = sched.server.proc.pid
+    os.kill(old_pid, signal.SIGKILL)
+    got = collect(sched, ["doomed"], timeout=30)["doomed"]
+    assert got["error"] is not None, got["result"]
+    message, code = got["error"]
+    assert code == "engine_crashed" and "restarted" in message, got["error"]
+    assert sched.server.wait_ready(30) and sched.server.proc.pid != old_pid
+    again = _ask(sched, "after", _q("What is the capital of France?"))
+    assert again["error"] is None and "paris" in again["result"]["text"].lower(), again
+
+
+def test_stop_kills_the_server_process(binary):
+    s = create_ar_scheduler("smollm2", backend="llama.cpp", max_batch_size=1, kv_budget_tokens=1024)
+    s.start()
+    proc, supervisor = s.server.proc, s.server._thread
+    assert httpx.get(s.server.base_url + "/health", timeout=5).status_code == 200
+    s.stop()
+    assert proc.poll() is not None  # reaped, not orphaned
+    assert not supervisor.is_alive()
+
+
+def test_falls_back_to_torch_without_binary(tmp_path, caplog):
+    from omni_rt.engine.ar_scheduler import ARScheduler
+
+    with caplog.at_level(logging.WARNING, logger="omni_rt.engine.factory"):
+        s = create_ar_scheduler("smollm2", backend="llama.cpp", llama_cpp_root=tmp_path / "empty",
+                                max_batch_size=1, kv_budget_tokens=1024, default_max_tokens=8)
+    assert isinstance(s, ARScheduler)
+    warnings = [r for r in caplog.records if "falling back to the PyTorch thinker" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
+    s.start()
+    try:
+        got = _ask(s, "fb", _q("What is the capital of France?"))
+        assert got["error"] is None and got["result"]["completion_tokens"] > 0
+    finally:
+        s.stop()
+
+
+def test_cache_lookup_is_fast_and_keyed(binary, tmp_path):
+    t0 = time.monotonic()
+    assert llama_cpp.build(jobs=2) == binary  # valid cache: no rebuild
+    assert time.monotonic() - t0 < 10
+    assert llama_cpp.locate_binary(tmp_path) is None and llama_cpp.build_failed(tmp_path) is None
+    assert llama_cpp.build_dir(tmp_path).name.startswith(llama_cpp.LLAMA_CPP_PYTHON_VERSION + "-")
+
+
+def test_server_dies_with_a_killed_parent(binary, tmp_path):
+    """SIGKILL of the omni-rt process (no shutdown code runs) still takes llama-server down (PDEATHSIG)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time\n"
+        "from omni_rt.engine.llama_cpp import LlamaServer\n"
+        "from omni_rt.engine.weights import smollm2_gguf_path\n"
+        f"s = LlamaServer({str(binary)!r}, smollm2_gguf_path(), parallel=1, ctx_size=512)\n"
+        "s.start(); print(s.proc.pid, flush=True); time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        os.kill(child, 0)  # running
+        parent.kill()
+        parent.wait(timeout=10)
+
+        def gone() -> bool:
+            try:  # a zombie waiting for init to reap it counts as gone
+                with open(f"/proc/{child}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+            except FileNotFoundError:
+                return True
+
+        assert wait_until(gone, timeout=10)
+    finally:
+        parent.kill()
+
+
+def test_a_cached_binary_that_cannot_run_is_not_used(tmp_path):
+    import json
+
+    d = llama_cpp.build_dir(tmp_path)
+    d.mkdir(parents=True)
+    (d / llama_cpp.BINARY_NAME).write_text("#!/bin/sh\nexit 132\n")  # e.g. built for another CPU
+    (d / llama_cpp.BINARY_NAME).chmod(0o755)
+    (d / "build.json").write_text(json.dumps({"key": llama_cpp.build_key()}))
+    assert llama_cpp.locate_binary(tmp_path) is None
+    (d / llama_cpp.BINARY_NAME).write_text("#!/bin/sh\nexit 0\n")
+    assert llama_cpp.locate_binary(tmp_path) == d / llama_cpp.BINARY_NAME
