@@ -387,9 +387,26 @@ def _make_scheduler_class():
     # imported lazily: keeps ``python -m omni_rt.engine.llama_cpp build`` free of httpx/engine imports
     import asyncio
 
+    import dataclasses
+
     from omni_rt.engine.async_stream import Delta, UpstreamError
-    from omni_rt.engine.remote import RemoteScheduler
+    from omni_rt.engine.constrained import closed
+    from omni_rt.engine.remote import RemoteScheduler, request_body
     from omni_rt.engine.request import GenRequest
+    from omni_rt.engine.tools import detect_format, render_prompt
+
+    TOOL_OPEN, TOOL_CLOSE = "<tool_call>\n", "\n</tool_call>"  # the own tool format (omni_rt.engine.tools)
+
+    def forced_schema(req: GenRequest) -> dict[str, Any] | None:
+        """For ``required`` / a named ``tool_choice``: the JSON schema of one call object, else None."""
+        choice = req.tool_choice
+        if not req.tools or choice in (None, "auto", "none"):
+            return None
+        tools = [t for t in req.tools if not isinstance(choice, dict) or t["name"] == choice["name"]]
+        options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                    "properties": {"name": {"const": t["name"]},
+                                   "arguments": closed(t.get("parameters") or {"type": "object"})}} for t in tools]
+        return options[0] if len(options) == 1 else {"anyOf": options}
 
     class LlamaCppScheduler(RemoteScheduler):
         """``RemoteScheduler`` over a managed ``llama-server``: start/stop own the process, and an answer
@@ -415,11 +432,38 @@ def _make_scheduler_class():
             super().stop()
             self.server.stop()
 
+        def _own_tool_prompt(self, req: GenRequest) -> bool:
+            """Tools, or tool messages in the history, for a model whose chat template has no tool support
+            (SmolLM2's): llama-server's generic tool format would differ from the built-in engine's, so the
+            prompt is rendered here exactly as the built-in engine renders it and sent as a completion."""
+            if self.tokenizer is None or req.messages is None or detect_format(self.tokenizer) != "own":
+                return False
+            has_tool_msgs = any(m.get("role") == "tool" or m.get("tool_calls") for m in req.messages)
+            return bool(req.tools and req.tool_choice != "none") or has_tool_msgs
+
+        def request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
+            if not self._own_tool_prompt(req):
+                return super().request(req)
+            text = render_prompt(self.tokenizer, req.messages, req.tools, req.tool_choice)
+            forced = forced_schema(req)
+            if forced is not None:
+                text += TOOL_OPEN  # the answer is a call: its framing is given, its JSON constrained
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            body = request_body(dataclasses.replace(req, messages=None, prompt_ids=ids, tools=None), self.model)
+            if forced is not None:
+                body["json_schema"] = forced  # llama-server decodes under the grammar it compiles from this
+            return "/completions", body
+
         async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
             restarts, pid = self.server.restarts, self.server.proc.pid if self.server.proc else None
+            framed = self._own_tool_prompt(req) and forced_schema(req) is not None
             try:
+                if framed:  # the call's opening was part of the prompt: the parser sees the whole block
+                    yield Delta(text=TOOL_OPEN)
                 async for d in super().generate(request_id, req):
                     yield d
+                if framed:
+                    yield Delta(text=TOOL_CLOSE)
             except UpstreamError as exc:
                 # a killed process closes its sockets a moment before it can be reaped: look for up to 0.5 s
                 for _ in range(10):

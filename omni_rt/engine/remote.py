@@ -120,12 +120,15 @@ class RemoteScheduler(AsyncStreamScheduler):
             await self._client.aclose()
             self._client = None
 
+    def request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
+        """The endpoint path and body for ``req`` (a subclass may speak an upstream's own dialect)."""
+        return ("/chat/completions" if req.messages is not None else "/completions"), request_body(req, self.model)
+
     async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
         if self._client is None:  # created inside the loop thread it will live in
             self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
-        path = "/chat/completions" if req.messages is not None else "/completions"
+        path, body = self.request(req)
         url = self.base_url + path
-        body = request_body(req, self.model)
         started = False
         for attempt in range(self.retries + 1):
             try:
