@@ -25,7 +25,7 @@ import torch
 
 from omni_rt.engine.kv_cache import KVBlob, SlotKVCache
 from omni_rt.engine.request import SamplingParams
-from omni_rt.engine.sampling import sample
+from omni_rt.engine.sampling import SlotSampler
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,8 @@ class TorchEngine:
         self.tokens = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
         self.pos = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
         self.lengths = [0] * max_batch_size
+        # per-slot sampling parameters and generated-token history (penalties, n-grams, seeded noise)
+        self.sampler = SlotSampler(max_batch_size, self.vocab_size, self.max_seq_len, self.device)
         self._arange = torch.arange(self.max_seq_len, device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._graph_logits: dict[int, torch.Tensor] = {}
@@ -153,10 +155,11 @@ class TorchEngine:
     # ---------------------------------------------------------------- steps
     @torch.inference_mode()
     def prefill(
-        self, slot: int, token_ids: list[int], start: int, params: SamplingParams, generator: torch.Generator | None
+        self, slot: int, token_ids: list[int], start: int, params: SamplingParams, generator: object = None
     ) -> int:
         """Compute KV for ``token_ids`` at positions ``start..`` of ``slot`` (``[:start]`` already there) and
-        pick the next token, which becomes the slot's next decode input."""
+        pick the next token, which becomes the slot's next decode input. (``generator`` is unused: seeded
+        randomness is per slot, see ``sampling``; kept so callers need not change.)"""
         end = start + len(token_ids)
         if end >= self.max_seq_len:
             raise ValueError(f"prompt of {end} tokens does not fit max_seq_len={self.max_seq_len}")
@@ -168,7 +171,8 @@ class TorchEngine:
         pos = self._arange[start:end]
         allowed = self._arange[None, :end] <= pos[:, None]
         logits = self._forward(ids, pos[None], allowed[None, None])
-        tok = sample(logits, [params], [generator])
+        self.sampler.assign(slot, params)
+        tok = self.sampler.select(logits, slice(slot, slot + 1))
         self.tokens[slot] = tok[0]
         self.pos[slot] = end
         self.lengths[slot] = end
@@ -176,9 +180,10 @@ class TorchEngine:
 
     @torch.inference_mode()
     def decode(
-        self, n: int, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+        self, n: int, params: Sequence[SamplingParams] | None = None, generators: Sequence[object] | None = None
     ) -> list[int]:
-        """One decode step for slots ``0..n-1``: feed each slot's last token, sample the next one."""
+        """One decode step for slots ``0..n-1``: feed each slot's last token, sample the next one (each slot's
+        sampling parameters were set at its prefill; ``params``/``generators`` are unused)."""
         if self.static_kv:
             bucket = next(b for b in self._buckets() if b >= n)
             if bucket in self.graphs:
@@ -190,7 +195,7 @@ class TorchEngine:
             view_len = max(self.lengths[:n]) + 1
             self.kv.ensure_capacity(view_len)
             logits = self._decode_forward(n, view_len)
-        tok = sample(logits, params, generators)
+        tok = self.sampler.select(logits, slice(0, n))
         self.tokens[:n] = tok
         self.pos[:n] += 1
         for i in range(n):
@@ -205,6 +210,7 @@ class TorchEngine:
         self.tokens[dst] = self.tokens[src]
         self.pos[dst] = self.pos[src]
         self.lengths[dst] = self.lengths[src]
+        self.sampler.move(src, dst)
         self.release(src)
 
     def reset(self) -> None:
@@ -215,6 +221,7 @@ class TorchEngine:
     def release(self, slot: int) -> None:
         self.lengths[slot] = 0
         self.pos[slot] = 0
+        self.sampler.release(slot)
 
     @torch.inference_mode()
     def export_kv(self, slot: int, n: int) -> KVBlob:
