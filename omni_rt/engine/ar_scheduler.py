@@ -73,7 +73,7 @@ class ARScheduler(ThreadedScheduler):
         self.default_max_tokens = default_max_tokens
         parse_sampling({}, sampling)  # a bad preset default fails at start-up, not on every request
         self.sampling_defaults = dict(sampling or {})
-        self.default_policy = parse_answer_policy(answer_policy or {})
+        self.default_policy = parse_answer_policy(answer_policy)
         self.languages = check_languages(languages)
         engine.sampler.vocab_mask = (
             None if (m := vocab_mask(tokenizer, self.languages, engine.vocab_size)) is None else m.to(engine.device)
@@ -244,7 +244,7 @@ class ARScheduler(ThreadedScheduler):
         req.max_tokens = min(req.max_tokens, room)
         stop_ids = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else self.eos_token_ids)
         text = TextStream(tok, req.stop) if tok is not None and req.output == "text" else None
-        if text is not None:
+        if text is not None and req.answer_policy is not None:
             self._policies[rid] = AnswerPolicy(req.answer_policy)
         return Sequence(rid, req, prompt_ids, stop_ids, text)
 

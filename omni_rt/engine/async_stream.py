@@ -12,11 +12,14 @@ import asyncio
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from omni_rt.core.scheduler import ThreadedScheduler
-from omni_rt.engine.request import GenRequest, parse_request, result_payload
+from omni_rt.engine.answer_policy import AnswerPolicy
+from omni_rt.engine.language import check_languages, steer_messages
+from omni_rt.engine.request import GenRequest, parse_answer_policy, parse_request, parse_sampling, result_payload
 
 
 @dataclass(slots=True)
@@ -38,11 +41,27 @@ class UpstreamError(RuntimeError):
 
 
 class AsyncStreamScheduler(ThreadedScheduler):
-    def __init__(self, *, name: str, default_max_tokens: int, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        default_max_tokens: int,
+        tokenizer: Any = None,
+        sampling: dict[str, Any] | None = None,
+        answer_policy: dict[str, Any] | None = None,
+        languages: list[str] | None = None,
+    ) -> None:
+        """``sampling``/``answer_policy``/``languages``: preset defaults, as for the built-in ``ARScheduler``
+        (languages steer the prompt only: an upstream's vocabulary mask would mean thousands of logit_bias
+        entries per request)."""
         super().__init__()
         self.name = name
         self.default_max_tokens = default_max_tokens
         self.tokenizer = tokenizer
+        parse_sampling({}, sampling)  # a bad preset default fails at start-up
+        self.sampling_defaults = dict(sampling or {})
+        self.default_policy = parse_answer_policy(answer_policy)
+        self.languages = check_languages(languages)
         self._tasks: dict[str, Future] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -98,20 +117,30 @@ class AsyncStreamScheduler(ThreadedScheduler):
         first: float | None = None
         finish, usage, chunks = None, None, 0
         try:
-            req = parse_request(data, self.default_max_tokens)
+            req = parse_request(data, self.default_max_tokens, self.sampling_defaults, self.default_policy)
         except ValueError as exc:
             self.emit_error(rid, exc, code="bad_request")
             return
+        if req.messages is not None:
+            req.messages = steer_messages(req.messages, self.languages)
+        policy = AnswerPolicy(req.answer_policy) if req.output == "text" and req.answer_policy is not None else None
         try:
-            async for d in self.generate(rid, req):
-                if d.text or d.token_ids:
-                    first = first or time.perf_counter()
-                    chunks += 1
-                    text.append(d.text)
-                    ids.extend(d.token_ids)
-                    self.emit(rid, "stream", {"text": d.text, "token_ids": list(d.token_ids)})
-                finish = d.finish_reason or finish
-                usage = d.usage or usage
+            # aclosing: leaving the loop early (the policy stopped) closes the upstream stream at once
+            async with aclosing(self.generate(rid, req)) as stream:
+                async for d in stream:
+                    if d.text or d.token_ids:
+                        first = first or time.perf_counter()
+                        chunks += 1
+                        out, stop = policy.feed(d.text) if policy is not None else (d.text, False)
+                        text.append(out)
+                        ids.extend(d.token_ids)
+                        if out or d.token_ids:
+                            self.emit(rid, "stream", {"text": out, "token_ids": list(d.token_ids)})
+                        if stop:
+                            finish = "policy"
+                            break
+                    finish = d.finish_reason or finish
+                    usage = d.usage or usage
         except asyncio.CancelledError:
             finish = "abort"
         except UpstreamError as exc:
@@ -120,6 +149,11 @@ class AsyncStreamScheduler(ThreadedScheduler):
         except Exception as exc:
             self.emit_error(rid, exc, code="upstream_error")
             return
+        if policy is not None and finish not in ("policy", "abort"):
+            tail = policy.finish(finish or "stop")  # a cut ("length") ends at the last sentence boundary
+            if tail:
+                text.append(tail)
+                self.emit(rid, "stream", {"text": tail, "token_ids": []})
         usage = usage or {}
         prompt_tokens = usage.get("prompt_tokens") or self._count_prompt(req)
         self.emit(

@@ -49,12 +49,17 @@ def create_ar_scheduler(
     cuda_graphs: bool = True,
     tokenizer: str | None = None,
     api_key: str | None = None,
+    sampling: dict[str, Any] | None = None,
+    answer_policy: dict[str, Any] | None = None,
+    languages: list[str] | None = None,
     **backend_kwargs: Any,
 ) -> ThreadedScheduler:
     """Build an AR scheduler (not started). ``model`` is ``"smollm2"`` (the packaged CPU thinker), a local
     model directory, or — for ``remote`` — the model name the server expects. ``tokenizer`` (a local path)
-    overrides where ``scheduler.tokenizer`` comes from.
+    overrides where ``scheduler.tokenizer`` comes from. ``sampling`` / ``answer_policy`` / ``languages``:
+    the preset's decoding defaults, voice answer policy and the talker's languages (see ``ARScheduler``).
     """
+    quality = dict(sampling=sampling, answer_policy=answer_policy, languages=languages)
     if backend == "torch":
         if cpu_threads is not None and device == "cpu":
             import torch
@@ -86,6 +91,7 @@ def create_ar_scheduler(
             default_max_tokens=default_max_tokens,
             batch_wait_ms=batch_wait_ms,
             batch_wait_when_idle=batch_wait_when_idle,
+            **quality,
         )
     if backend == "remote":
         from omni_rt.engine.remote import RemoteScheduler
@@ -99,6 +105,7 @@ def create_ar_scheduler(
             api_key=api_key,
             name=name,
             default_max_tokens=default_max_tokens,
+            **quality,
             **backend_kwargs,
         )
     if backend == "sglang":

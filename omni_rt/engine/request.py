@@ -60,7 +60,7 @@ class GenRequest:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     output: OutputMode = "text"
-    answer_policy: AnswerPolicyParams = field(default_factory=AnswerPolicyParams)
+    answer_policy: AnswerPolicyParams | None = None  # None: raw text, no voice policy (a plain LM request)
 
 
 _ROLES = {"system", "user", "assistant"}
@@ -100,11 +100,12 @@ def parse_sampling(data: dict, defaults: dict | None = None) -> SamplingParams:
     )
 
 
-def parse_answer_policy(value: Any, default: AnswerPolicyParams | None = None) -> AnswerPolicyParams:
-    """``answer_policy``: absent/``None`` -> ``default`` (the preset's); a dict -> exactly its limits, where a
-    missing or ``None`` limit means no limit on that axis (``{}`` turns the policy off)."""
+def parse_answer_policy(value: Any, default: AnswerPolicyParams | None = None) -> AnswerPolicyParams | None:
+    """``answer_policy``: absent/``None`` -> ``default`` (the preset's; ``None`` = no policy, raw text); a dict
+    -> exactly its limits, where a missing or ``None`` limit means no limit on that axis (``{}`` keeps only
+    the rule that a ``max_tokens`` cut ends at a sentence boundary)."""
     if value is None:
-        return default or AnswerPolicyParams()
+        return default
     if isinstance(value, AnswerPolicyParams):
         return value
     if not isinstance(value, dict):
