@@ -74,7 +74,8 @@ def no_repeat_ngram_ban(hist: torch.Tensor, gen_len: torch.Tensor, n: torch.Tens
     e = torch.arange(width, device=hist.device)[None, :]
     cond = (n[:, None] > 0) & (e >= (n - 1)[:, None]) & (e < gen_len[:, None]) & (gen_len >= n - 1)[:, None]
     for k in range(1, int(n.max()) if b else 1):
-        prev = torch.cat([torch.full((b, k), -1, dtype=hist.dtype, device=hist.device), hist[:, : width - k]], 1)
+        pad = min(k, width)
+        prev = torch.cat([torch.full((b, pad), -1, dtype=hist.dtype, device=hist.device), hist[:, : width - pad]], 1)
         last = hist.gather(1, (gen_len - k).clamp(min=0)[:, None])
         cond &= (prev == last) | (k > n - 1)[:, None]
     idx = torch.where(cond, hist, torch.full_like(hist, vocab))
