@@ -28,7 +28,7 @@ from omni_rt.core.messages import IncomingMessage
 from omni_rt.core.scheduler import ThreadedScheduler
 from omni_rt.engine.answer_policy import AnswerPolicy
 from omni_rt.engine.detokenize import TextStream
-from omni_rt.engine.language import check_languages, steer_messages, vocab_mask
+from omni_rt.engine.language import check_languages, steer_messages, vocab_bias
 from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
 from omni_rt.engine.request import parse_answer_policy, parse_request, parse_sampling
 from omni_rt.engine.sequence import Sequence
@@ -75,9 +75,8 @@ class ARScheduler(ThreadedScheduler):
         self.sampling_defaults = dict(sampling or {})
         self.default_policy = parse_answer_policy(answer_policy)
         self.languages = check_languages(languages)
-        engine.sampler.vocab_mask = (
-            None if (m := vocab_mask(tokenizer, self.languages, engine.vocab_size)) is None else m.to(engine.device)
-        )
+        bias = vocab_bias(tokenizer, self.languages, engine.vocab_size)
+        engine.sampler.vocab_bias = None if bias is None else bias.to(engine.device)
         self._policies: dict[str, AnswerPolicy] = {}
         eos = set(engine.eos_token_ids)
         if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:

@@ -65,16 +65,28 @@ def steering_sentence(languages: tuple[str, ...]) -> str:
 
 
 def steer_messages(messages: list[dict[str, Any]], languages: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The chat with the language sentence at the end of its system message (one is added if absent)."""
+    """The chat with the language sentence at the end of its system message (one is added if absent), and
+    every user turn that looks written in another language prefixed "In English, please:" — measured on
+    SmolLM2-135M, a system sentence alone still got French answers to French questions; the prefix next to
+    the question turned most of them. Deterministic per message, so a session's cached prefix still matches."""
     if not languages:
         return messages
     sentence = steering_sentence(languages)
-    if messages and messages[0].get("role") == "system":
-        first = dict(messages[0])
+    name = LANGUAGES[languages[0]][0]
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if m.get("role") == "user" and isinstance(content, str):
+            lang = guess_language(content)
+            if lang is not None and lang not in languages:
+                m = {**m, "content": f"In {name}, please: {content}"}
+        out.append(m)
+    if out and out[0].get("role") == "system":
+        first = dict(out[0])
         content = first.get("content") or ""
         first["content"] = f"{content.rstrip()} {sentence}" if content.strip() else sentence
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": sentence}, *messages]
+        return [first, *out[1:]]
+    return [{"role": "system", "content": sentence}, *out]
 
 
 def _letter_allowed(c: str, scripts: tuple[str, ...]) -> bool:
@@ -82,6 +94,33 @@ def _letter_allowed(c: str, scripts: tuple[str, ...]) -> bool:
         return True
     name = unicodedata.name(c, "")
     return any(name.startswith(s) for s in scripts)
+
+
+# function words of other languages that are not also English words ("con", "son", "was", "per" are): a soft
+# logit bias against them keeps a small model from answering a French question in French-without-accents
+_NOT_ENGLISH = frozenset("comment ton con son was per non come dove o as um do em is met van op hoe a die war".split())
+FOREIGN_WORD_BIAS = -8.0
+
+
+def vocab_bias(tokenizer: Any, languages: tuple[str, ...], vocab_size: int) -> torch.Tensor | None:
+    """[vocab_size] float32 added to the logits: ``-inf`` for tokens of scripts the voice cannot say
+    (``vocab_mask``), ``FOREIGN_WORD_BIAS`` for whole-word tokens that are function words of other
+    Latin-script languages (soft, so "Los Angeles" or "Le Mans" still come out when the model is sure)."""
+    ban = vocab_mask(tokenizer, languages, vocab_size)
+    if not languages or tokenizer is None:
+        return None
+    bias = torch.zeros(vocab_size, dtype=torch.float32)
+    if ban is not None:
+        bias.masked_fill_(ban, float("-inf"))
+    allowed_words = set().union(*(_STOP_WORDS.get(c, frozenset()) for c in languages))
+    foreign = {w for c, ws in _STOP_WORDS.items() if c not in languages for w in ws} - allowed_words - _NOT_ENGLISH
+    for w in foreign:
+        for form in (w, w.capitalize()):
+            for text in (form, " " + form):
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                if len(ids) == 1 and ids[0] < vocab_size and tokenizer.decode(ids).strip() == form:
+                    bias[ids[0]] = min(float(bias[ids[0]]), FOREIGN_WORD_BIAS)
+    return bias if bool((bias != 0).any()) else None
 
 
 def vocab_mask(tokenizer: Any, languages: tuple[str, ...], vocab_size: int) -> torch.Tensor | None:
@@ -103,3 +142,41 @@ def vocab_mask(tokenizer: Any, languages: tuple[str, ...], vocab_size: int) -> t
             ban[i] = True
     log.info("language steering %s: %d of %d tokens banned", ",".join(languages), int(ban.sum()), vocab_size)
     return ban if ban.any() else None
+
+
+# A cheap language guess for steering and for the quality bench: the script of the letters, then, for
+# Latin-script text, which language's most common function words it holds (no library: langdetect-style
+# models are overkill and unreliable on the 5-15 word turns of a voice chat; this says what it knows).
+_STOP_WORDS: dict[str, frozenset[str]] = {
+    "en": frozenset("the a an is are was of to and in it you that what how why who for on with this do does i my your".split()),
+    "fr": frozenset("le la les est des une et du au aux ce cette qui que pas sont avec dans sur il elle nous vous ils "
+                    "mais quelle quel quoi comment où je tu mon ton lui cela ceci leur ne qu'on c'est n'est avait était "
+                    "aussi être avoir fait peut".split()),
+    "es": frozenset("el los las es y una del que por con para está son pero muy qué cómo dónde cuál yo tu mi".split()),
+    "de": frozenset("der das ist und ein eine nicht mit von zu auf für wir ich du was wie wo warum ist sind".split()),
+    "it": frozenset("il gli della è sono che di per non una come dove perché io tu mio".split()),
+    "pt": frozenset("o os as é um uma do da que não com para em como onde porque eu você".split()),
+    "nl": frozenset("de het een is en niet met van op voor wat hoe waar ik jij".split()),
+}
+_SCRIPT_LANG = {"CYRILLIC": "ru", "GREEK": "el", "CJK": "zh", "HIRAGANA": "ja", "KATAKANA": "ja", "HANGUL": "ko",
+                "ARABIC": "ar", "HEBREW": "he", "DEVANAGARI": "hi"}
+
+
+def guess_language(text: str) -> str | None:
+    """ISO code of the likeliest language of ``text``, or ``None`` when it holds no letters/known words."""
+    scripts: dict[str, int] = {}
+    for c in text:
+        if c.isalpha() and not c.isascii():
+            name = unicodedata.name(c, "")
+            for prefix, lang in _SCRIPT_LANG.items():
+                if name.startswith(prefix):
+                    scripts[lang] = scripts.get(lang, 0) + 1
+    letters = sum(c.isalpha() for c in text)
+    if scripts and max(scripts.values()) * 2 >= letters:
+        return max(scripts, key=scripts.get)
+    words = [w.strip(".,;:!?¿¡\"'()").lower() for w in text.split()]
+    hits = {lang: sum(w in stop for w in words) for lang, stop in _STOP_WORDS.items()}
+    best = max(hits, key=hits.get)
+    if hits[best] == 0:
+        return None
+    return "en" if hits["en"] == hits[best] else best

@@ -128,7 +128,7 @@ class SlotSampler:
         self._vocab_hash = _mix32(torch.arange(vocab_size, **i64) * 0x9E37 + 0x85EBCA6B & _M32)
         # host mirrors: which (whole-batch) passes a step needs, decided without reading the device
         self._h = np.zeros((num_slots, 6), dtype=np.int64)  # sampled, sort, min_p, penalties, ngram, gen_len
-        self.vocab_mask: torch.Tensor | None = None  # [V] bool, True = never emit (language steering)
+        self.vocab_bias: torch.Tensor | None = None  # [V] float added to every row (language steering)
 
     # ------------------------------------------------------------ slot state
     def assign(self, slot: int, p: SamplingParams) -> None:
@@ -174,8 +174,8 @@ class SlotSampler:
             width = max(1, min(int(h[:, 5].max()), self.max_len))
             ban = no_repeat_ngram_ban(self.hist[slots, :width], self.gen_len[slots], self.ngram[slots], x.shape[-1])
             x = x.masked_fill(ban, float("-inf"))
-        if self.vocab_mask is not None:
-            x = x.masked_fill(self.vocab_mask[None, :], float("-inf"))
+        if self.vocab_bias is not None:
+            x = x + self.vocab_bias[None, :]
         out = x.argmax(dim=-1)
         if h[:, 0].any():
             xs = x / self.temperature[slots][:, None]
