@@ -116,8 +116,9 @@ def sentences_of(text: str) -> int:
 
 
 def repeats(text: str) -> tuple[int, int]:
-    """(longest n such that some n-gram occurs at least twice, most occurrences of any one 4-gram)."""
-    w = words_of(text)
+    """(longest n such that some n-gram occurs at least twice, most occurrences of any one 4-gram). Bare
+    numbers are left out, so "1. Don't lie down. 2. Don't lie down." counts as the loop it is."""
+    w = [x for x in words_of(text) if not x.isdigit()]
     longest = 0
     for n in range(1, len(w)):
         grams = collections.Counter(tuple(w[i : i + n]) for i in range(len(w) - n + 1))
@@ -190,6 +191,19 @@ async def run_conversations(url: str, convs: list[list[Q]], corpus: dict[str, rb
 
 
 # ============================================================================ scoring
+def rescore_text(a: dict[str, Any], keys: tuple[str, ...]) -> None:
+    """(Re)compute the text measures of one scored answer in place (``--rescore`` uses it on a saved run)."""
+    from omni_rt.engine.language import guess_language
+
+    text = a["answer"]
+    a["words"], a["sentences"] = len(words_of(text)), sentences_of(text)
+    a["longest_repeat_ngram"], a["max_4gram_repeats"] = repeats(text)
+    a["language"] = guess_language(text) or "none"
+    low = " ".join(words_of(text))
+    a["key_word"] = any(k in low for k in keys) if keys else None
+    a["ref_words"], a["word_edits"] = word_accuracy(text, a["whisper_heard"])
+
+
 def score(rows: list[dict[str, Any]], whisper: Any) -> list[dict[str, Any]]:
     from omni_rt.audio.pcm import pcm16_to_float, resample
     from omni_rt.engine.language import guess_language
@@ -377,8 +391,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for one answer")
     p.add_argument("--out", default=str(RESULTS / "quality.json"))
     p.add_argument("--update-readme", action="store_true", help="write the table into README.md '## Answer quality'")
+    p.add_argument("--rescore", default=None, metavar="JSON",
+                   help="recompute the text measures and the table of a saved run (no servers, no audio)")
     args = p.parse_args(argv)
-    result = asyncio.run(run(args))
+    if args.rescore:
+        result = json.loads(Path(args.rescore).read_text())
+        keys = {q.text: q.keys for c in CONVERSATIONS for q in c}
+        for r in result["runs"].values():
+            for a in r["answers"]:
+                rescore_text(a, keys.get(a["question"], ()))
+            r["summary"] = summary(r["answers"])
+    else:
+        result = asyncio.run(run(args))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, ensure_ascii=False))
