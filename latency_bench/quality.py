@@ -369,10 +369,30 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+README_INTRO = """\
+A voice answer must be short, on topic, loop-free and in a language the voice can say. Three pieces see to it:
+
+* **Sampling per request, batched** (`omni_rt/engine/sampling.py`): repetition, frequency and presence penalties
+  over the answer's own tokens, no-repeat n-grams, temperature / top-k / top-p / min-p and a seed. Each slot's
+  parameters and token counts live as tensors on the engine's device (no per-row Python loop in a step);
+  seeded rows draw counter-based Gumbel noise, so a seeded request gives the same tokens whatever shares its
+  batch. Preset defaults in the thinker's `sampling` arg (CPU: greedy + `repetition_penalty: 1.2` +
+  `no_repeat_ngram_size: 4`, the best of five settings measured on SmolLM2-135M); the codec talker uses the
+  same machinery with `repetition_penalty: 1.1`.
+* **A voice answer policy** (`omni_rt/engine/answer_policy.py`, thinker arg `answer_policy`, per request
+  `answer_policy: {max_sentences, max_words}`): stop at a sentence boundary after N sentences or before the
+  sentence that would pass W words; a cut by any limit (also `max_tokens`) ends at a sentence boundary, never
+  mid-word; the text that leaves the thinker is exactly what is spoken (`finish_reason: "policy"`). The
+  remote/llama.cpp path applies the same policy and closes the upstream stream when it stops.
+* **Languages** (thinker arg `languages`, what the talker can speak): one sentence in the system prompt, user
+  turns in another language prefixed "In English, please:", and a logit bias: `-inf` for tokens of other
+  scripts (for English: every non-ASCII letter), a soft bias against other languages' function words."""
+
+
 def update_readme(md: str, header: str) -> None:
     readme = rb.ROOT / "README.md"
     text = readme.read_text()
-    block = f"## Answer quality\n\n{header}\n\n{md}\n"
+    block = f"## Answer quality\n\n{README_INTRO}\n\n{header}\n\n{md}\n"
     start = text.find("## Answer quality")
     if start == -1:
         marker = text.find("## Runtime and engine benchmarks")

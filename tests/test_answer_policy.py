@@ -184,3 +184,11 @@ def test_live_server_answers_a_former_looping_question_briefly(live_server, ques
     assert max(grams.values(), default=0) < 3, f"a 4-gram repeats: {text!r}"
     assert text.rstrip()[-1] in ".!?", f"not cut at a sentence boundary: {text!r}"
     assert text.isascii(), text
+
+
+def test_response_policy_for_the_session_layer():
+    from omni_rt.engine.answer_policy import response_answer_policy
+
+    assert response_answer_policy("inf") is None and response_answer_policy(None) is None
+    assert parse_request({"prompt_ids": [1], "answer_policy": response_answer_policy(400)}, 8, None,
+                         P(2, 40)).answer_policy == P()

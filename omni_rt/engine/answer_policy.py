@@ -178,3 +178,12 @@ class AnswerPolicy:
         if self.sentences == 0 and self._cur_sent > 0:
             self._release(".", out)  # the first sentence was cut after its last whole word
         return "".join(out)
+
+
+def response_answer_policy(max_output_tokens: int | str | None) -> dict | None:
+    """What the session layer should put in a response's ``answer_policy``: ``None`` (the preset's voice
+    policy) unless the client set its own ``max_output_tokens``, which then asks for that much: no sentence
+    or word limit, but a cut by that limit still ends at a sentence boundary."""
+    if max_output_tokens is None or max_output_tokens == "inf":
+        return None
+    return {"max_sentences": None, "max_words": None}
