@@ -336,12 +336,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from omni_rt.backends.asr import default_whisper_dir
 
-    convs, left = [], args.limit or 10**9
-    for conv in CONVERSATIONS:
-        if left <= 0:
-            break
-        convs.append(conv[:left])
-        left -= len(convs[-1])
+    # --limit N keeps the first ceil(N / conversations) turns of every conversation, so a short run still
+    # holds every kind of question (and follow-ups still follow their question)
+    per = -(-args.limit // len(CONVERSATIONS)) if args.limit else 10**9
+    convs = [conv[:per] for conv in CONVERSATIONS]
     texts = [q.text for c in convs for q in c if not q.typed]
     rb._log(f"synthesizing {len(texts)} spoken questions with Piper")
     corpus = rb.synthesize_corpus(texts)
@@ -361,6 +359,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             answers = score(rows, whisper)
             runs[name] = {"label": label, "preset_file": preset if greedy else args.preset,
                           "summary": summary(answers), "answers": answers}
+            partial = Path(args.out).with_suffix(".partial.json")  # a run cut short still leaves its answers
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(runs, indent=1, ensure_ascii=False))
     return {
         "when": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "preset": args.preset, "limit": args.limit,
         "questions": sum(len(c) for c in convs), "wall_s": round(time.perf_counter() - t0, 1),
@@ -407,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m latency_bench.quality", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="cpu", help="base preset: cpu | gpu | YAML path (default cpu)")
-    p.add_argument("--limit", type=int, default=None, help="only the first N questions (a shorter run)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="about N questions: the first N/conversations turns of every conversation (a shorter run)")
     p.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for one answer")
     p.add_argument("--out", default=str(RESULTS / "quality.json"))
     p.add_argument("--update-readme", action="store_true", help="write the table into README.md '## Answer quality'")
