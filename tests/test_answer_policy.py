@@ -61,13 +61,13 @@ def test_length_cut_ends_at_a_sentence_boundary():
     assert spoken == "The capital of France is Paris." and pol.cut
     # a first sentence cut by max_tokens ends after its last whole word, with a period
     spoken, _, _ = feed_all("Red, orange and yellow are colo", P(), "length")
-    assert spoken == "Red, orange and yellow are."
+    assert spoken == "Red, orange and yellow are ."
 
 
 def test_run_on_first_sentence_is_cut_after_whole_words():
     loop = "the rainbow has red and the other two colors, which is the most common color, and the other two " * 3
     spoken, _, pol = feed_all(loop, P(max_sentences=2, max_words=20))
-    assert count_words(spoken) == 20 and spoken.endswith("the other two the.") and pol.cut
+    assert count_words(spoken) == 20 and spoken.endswith("the other two the .") and pol.cut
 
 
 def test_released_text_never_ends_mid_word():

@@ -11,7 +11,8 @@ Rules, engine-agnostic (the built-in AR scheduler and the async-stream/remote pa
   first sentence streams word by word (the talker must start early), later sentences are held until they are
   complete (each is generated while the previous one plays) and an unfinished one is dropped on a cut. A
   first sentence that overruns ``max_words`` or ``max_tokens`` is ended after its last whole word with a
-  period, so even a run-on answer is spoken as a finished sentence;
+  period (after the space already released, e.g. "... are ."; the voice does not hear the space), so even a
+  run-on answer is spoken as a finished sentence;
 * everything released is final: the spoken transcript is exactly the concatenation of the released deltas.
 
 A sentence ends at ``.``/``!``/``?``/``…`` (plus closing quotes/brackets) followed by whitespace, or at a
@@ -152,9 +153,9 @@ class AnswerPolicy:
             self._release(s[self._cur_sent : _word_end(s, self.max_words)] + ".", out)
             self._stop(cut=True)
             return True
-        k = len(head)
-        while k > self._cur_sent and not head[k - 1].isalnum():
-            k -= 1
+        # release through the whitespace after the last whole word: the talker's clause splitter counts a word
+        # only once whitespace follows it, so holding the space back would delay the first audio by a token
+        k = last_space + 1
         if k > self._cur_sent:
             self._release(s[self._cur_sent : k], out)
             self._cur_sent = k
