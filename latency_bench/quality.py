@@ -385,8 +385,8 @@ A voice answer must be short, on topic, loop-free and in a language the voice ca
   sentence that would pass W words; a cut by any limit (also `max_tokens`) ends at a sentence boundary, never
   mid-word; the text that leaves the thinker is exactly what is spoken (`finish_reason: "policy"`). The
   remote/llama.cpp path applies the same policy and closes the upstream stream when it stops.
-* **Languages** (thinker arg `languages`, what the talker can speak): one sentence in the system prompt, user
-  turns in another language prefixed "In English, please:", and a logit bias: `-inf` for tokens of other
+* **Languages** (thinker arg `languages`, what the talker can speak): one sentence in the system prompt, a user
+  turn in another language wrapped as "Translate this question to English and answer it in English", and a logit bias: `-inf` for tokens of other
   scripts (for English: every non-ASCII letter), a soft bias against other languages' function words."""
 
 
