@@ -285,7 +285,7 @@ def fmt(v: Any, key: str) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     runs = result["runs"]
-    names = list(runs)
+    names = sorted(runs, key=lambda n: n != "preset")
     head = ["metric"] + [f"{n} ({runs[n]['label']})" for n in names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = [("answers", "answers (failed)"), ("words_p50", "words p50"), ("words_p95", "words p95"),
@@ -348,7 +348,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     load0 = os.getloadavg()[0]
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, greedy, label in (("preset", False, "its decoding defaults"), ("greedy", True, "plain greedy, before")):
+        order = [("preset", False, "its decoding defaults"), ("greedy", True, "plain greedy, before")]
+        for name, greedy, label in (order[::-1] if args.greedy_first else order):
             preset = derive(args.preset, greedy, Path(tmp))
             server = rb.Server(preset, name, Path(tmp)).start()
             rb._log(f"server '{name}' ({preset}) up in {server.startup_s} s")
@@ -411,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None,
                    help="about N questions: the first N/conversations turns of every conversation (a shorter run)")
     p.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for one answer")
+    p.add_argument("--greedy-first", action="store_true", help="run the greedy server first (order effects on TTFA)")
     p.add_argument("--out", default=str(RESULTS / "quality.json"))
     p.add_argument("--update-readme", action="store_true", help="write the table into README.md '## Answer quality'")
     p.add_argument("--rescore", default=None, metavar="JSON",
