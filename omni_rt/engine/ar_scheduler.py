@@ -26,10 +26,11 @@ from typing import Any
 
 from omni_rt.core.messages import IncomingMessage
 from omni_rt.core.scheduler import ThreadedScheduler
+from omni_rt.engine.answer_policy import AnswerPolicy
 from omni_rt.engine.detokenize import TextStream
+from omni_rt.engine.language import check_languages, steer_messages, vocab_bias
 from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
-from omni_rt.engine.request import parse_request
-from omni_rt.engine.sampling import make_generator
+from omni_rt.engine.request import parse_answer_policy, parse_request, parse_sampling
 from omni_rt.engine.sequence import Sequence
 from omni_rt.engine.tools import ToolStream, detect_format, render_prompt
 from omni_rt.engine.torch_engine import TorchEngine
@@ -51,7 +52,13 @@ class ARScheduler(ThreadedScheduler):
         default_max_tokens: int = 256,
         batch_wait_ms: float = 0.0,
         batch_wait_when_idle: bool = False,
+        sampling: dict[str, Any] | None = None,
+        answer_policy: dict[str, Any] | None = None,
+        languages: list[str] | None = None,
     ) -> None:
+        """``sampling``: the preset's default sampling keys (a request's own keys win); ``answer_policy``: the
+        preset's default voice answer policy for text requests; ``languages``: what the talker can speak
+        (prompt + vocabulary steering, see ``omni_rt.engine.language``)."""
         super().__init__()
         # Admission window for an idle engine, as in SimpleScheduler: idle-immediate by default (a lone
         # request prefills at once); the window arms only once a second request is waiting, or always with
@@ -66,6 +73,13 @@ class ARScheduler(ThreadedScheduler):
         self.prefix_reuse = prefix_reuse
         self.prefix_store = PrefixStore(kv_budget_tokens)
         self.default_max_tokens = default_max_tokens
+        parse_sampling({}, sampling)  # a bad preset default fails at start-up, not on every request
+        self.sampling_defaults = dict(sampling or {})
+        self.default_policy = parse_answer_policy(answer_policy)
+        self.languages = check_languages(languages)
+        bias = vocab_bias(tokenizer, self.languages, engine.vocab_size)
+        engine.sampler.vocab_bias = None if bias is None else bias.to(engine.device)
+        self._policies: dict[str, AnswerPolicy] = {}
         eos = set(engine.eos_token_ids)
         if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
             eos.add(tokenizer.eos_token_id)
@@ -122,6 +136,7 @@ class ARScheduler(ThreadedScheduler):
             if not seq.finished:
                 self.emit_error(rid, exc, code=code)
         self._live.clear()
+        self._policies.clear()
         self._waiting.clear()
         self._rows = []
         self.engine.reset()
@@ -130,7 +145,7 @@ class ARScheduler(ThreadedScheduler):
         t0 = time.perf_counter()
         mask = self._grammar_mask(rows)
         kw = {"mask": mask} if mask is not None else {}
-        tokens = self.engine.decode(len(rows), [s.req.sampling for s in rows], [s.generator for s in rows], **kw)
+        tokens = self.engine.decode(len(rows), None, None, **kw)  # sampling state lives per slot in the engine
         m = self.metrics
         m["decode_steps"] += 1
         m["decode_rows"] += len(rows)
@@ -208,16 +223,19 @@ class ARScheduler(ThreadedScheduler):
             if seq in self._waiting:
                 self._waiting.remove(seq)
                 del self._live[rid]
-            self.emit(rid, "result", seq.result())  # a running one frees its slot at the next reap
+            self.emit(rid, "result", self._result(seq))  # a running one frees its slot at the next reap
+            if rid not in self._live:
+                self._policies.pop(rid, None)
         else:
             self.emit_error(
                 rid, f"{msg.type} is not accepted: send the whole prompt as new_request", code="unsupported"
             )
 
     def _make_sequence(self, rid: str, data: Any) -> Sequence:
-        req = parse_request(data, self.default_max_tokens)
+        req = parse_request(data, self.default_max_tokens, self.sampling_defaults, self.default_policy)
         tok = self.tokenizer
         if req.messages is not None:
+            req.messages = steer_messages(req.messages, self.languages)
             if tok is None:
                 raise ValueError("'messages' need a tokenizer; this engine has none (send 'prompt_ids')")
             text = render_prompt(tok, req.messages, req.tools, req.tool_choice)
@@ -234,9 +252,9 @@ class ARScheduler(ThreadedScheduler):
         req.max_tokens = min(req.max_tokens, room)
         stop_ids = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else self.eos_token_ids)
         text = TextStream(tok, req.stop) if tok is not None and req.output == "text" else None
-        seq = Sequence(
-            rid, req, prompt_ids, stop_ids, text, generator=make_generator(req.sampling, self.engine.device)
-        )
+        if text is not None and req.answer_policy is not None:
+            self._policies[rid] = AnswerPolicy(req.answer_policy)
+        seq = Sequence(rid, req, prompt_ids, stop_ids, text)
         seq.tools = self._tool_stream(req)
         return seq
 
@@ -276,7 +294,7 @@ class ARScheduler(ThreadedScheduler):
                 start = self._restore_prefix(seq, slot)
                 mask = self._grammar_mask([seq])
                 kw = {"mask": mask} if mask is not None else {}
-                tok = self.engine.prefill(slot, seq.prompt_ids[start:], start, seq.req.sampling, seq.generator, **kw)
+                tok = self.engine.prefill(slot, seq.prompt_ids[start:], start, seq.req.sampling, None, **kw)
                 if mask is not None:
                     seq.tools.grammar.consume(tok)
                 self.metrics["prefill_tokens"] += len(seq.prompt_ids) - start
@@ -284,6 +302,7 @@ class ARScheduler(ThreadedScheduler):
             except Exception as exc:
                 self.engine.release(slot)
                 del self._live[seq.request_id]
+                self._policies.pop(seq.request_id, None)
                 self.emit_error(seq.request_id, exc, code="prefill_error")
                 continue
             seq.slot = slot
@@ -318,6 +337,7 @@ class ARScheduler(ThreadedScheduler):
                 self.prefix_store.put(sid, fed, self.engine.export_kv(seq.slot, len(fed)))
             self.engine.release(seq.slot)
             self._live.pop(seq.request_id, None)
+            self._policies.pop(seq.request_id, None)
         holes = sorted(set(range(len(alive))) - {s.slot for s in alive})
         movers = [s for s in alive if s.slot >= len(alive)]
         for hole, seq in zip(holes, movers):
@@ -338,10 +358,29 @@ class ARScheduler(ThreadedScheduler):
             seq.finish_reason = "error"
             self.emit_error(seq.request_id, exc, code="detokenize_error")
             return
-        if seq.tools is not None:  # tool calls split out of the text: the talker only sees "text"
-            for chunk in seq.tools.chunks(text, ids, final=seq.finished):
+        # tool calls are split out of the text first (the talker only sees TextDelta); the voice answer policy
+        # then decides what of the spoken text leaves the thinker, and when the answer stops
+        chunks = seq.tools.chunks(text, ids, final=seq.finished) if seq.tools is not None else [TextDelta(text, ids)]
+        policy = self._policies.get(seq.request_id)
+        if policy is not None:
+            stop = False
+            for chunk in chunks:
+                if isinstance(chunk, TextDelta):
+                    chunk.text, stop = ("", stop) if stop else policy.feed(chunk.text)
+            if stop and not seq.finished:
+                seq.finish_reason = "policy"
+            elif seq.finished and not stop:
+                chunks.append(TextDelta(policy.finish(seq.finish_reason), []))
+        for chunk in chunks:
+            if not isinstance(chunk, TextDelta) or chunk.text or chunk.token_ids:
                 self.emit(seq.request_id, "stream", chunk)
-        elif text or ids:
-            self.emit(seq.request_id, "stream", TextDelta(text, ids))
         if seq.finished:
-            self.emit(seq.request_id, "result", seq.result())
+            self.emit(seq.request_id, "result", self._result(seq))
+
+    def _result(self, seq: Sequence) -> dict[str, Any]:
+        """The result payload; its text is what the policy released (exactly what was streamed)."""
+        out = seq.result()
+        policy = self._policies.get(seq.request_id)
+        if policy is not None:
+            out["text"] = policy.spoken
+        return out

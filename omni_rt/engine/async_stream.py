@@ -12,11 +12,14 @@ import asyncio
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from omni_rt.core.scheduler import ThreadedScheduler
-from omni_rt.engine.request import GenRequest, parse_request, result_payload
+from omni_rt.engine.answer_policy import AnswerPolicy
+from omni_rt.engine.language import check_languages, steer_messages
+from omni_rt.engine.request import GenRequest, parse_answer_policy, parse_request, parse_sampling, result_payload
 from omni_rt.engine.tools import ToolStream, UpstreamToolCalls, detect_format, render_prompt
 from omni_rt.stages.contracts import TextDelta
 
@@ -41,11 +44,27 @@ class UpstreamError(RuntimeError):
 
 
 class AsyncStreamScheduler(ThreadedScheduler):
-    def __init__(self, *, name: str, default_max_tokens: int, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        default_max_tokens: int,
+        tokenizer: Any = None,
+        sampling: dict[str, Any] | None = None,
+        answer_policy: dict[str, Any] | None = None,
+        languages: list[str] | None = None,
+    ) -> None:
+        """``sampling``/``answer_policy``/``languages``: preset defaults, as for the built-in ``ARScheduler``
+        (languages steer the prompt only: an upstream's vocabulary mask would mean thousands of logit_bias
+        entries per request)."""
         super().__init__()
         self.name = name
         self.default_max_tokens = default_max_tokens
         self.tokenizer = tokenizer
+        parse_sampling({}, sampling)  # a bad preset default fails at start-up
+        self.sampling_defaults = dict(sampling or {})
+        self.default_policy = parse_answer_policy(answer_policy)
+        self.languages = check_languages(languages)
         self._tasks: dict[str, Future] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -101,35 +120,53 @@ class AsyncStreamScheduler(ThreadedScheduler):
         first: float | None = None
         finish, usage, chunks = None, None, 0
         try:
-            req = parse_request(data, self.default_max_tokens)
+            req = parse_request(data, self.default_max_tokens, self.sampling_defaults, self.default_policy)
         except ValueError as exc:
             self.emit_error(rid, exc, code="bad_request")
             return
+        if req.messages is not None:
+            req.messages = steer_messages(req.messages, self.languages)
+        policy = AnswerPolicy(req.answer_policy) if req.output == "text" and req.answer_policy is not None else None
         calls = UpstreamToolCalls()  # structured ``tool_calls`` deltas (an upstream with a tool-call parser)
         texts = self._text_tools(req)  # calls written into the text (an upstream without one; in-process sglang)
+        stopped = False
+
+        def publish(out: list) -> bool:
+            """Emit chunks; the policy filters the spoken text (never tool calls). True once it stopped."""
+            nonlocal stopped
+            for chunk in out:
+                if isinstance(chunk, TextDelta) and policy is not None:
+                    chunk.text, stop = ("", True) if stopped else policy.feed(chunk.text)
+                    stopped = stopped or stop
+                if not isinstance(chunk, TextDelta) or chunk.text or chunk.token_ids:
+                    if isinstance(chunk, TextDelta):
+                        text.append(chunk.text)
+                    self.emit(rid, "stream", chunk)
+            return stopped
+
         try:
-            async for d in self.generate(rid, req):
-                if d.text or d.token_ids or d.tool_calls:
-                    first = first or time.perf_counter()
-                    chunks += 1
-                    ids.extend(d.token_ids)
-                    out = calls.feed(d.tool_calls, list(d.token_ids)) if d.tool_calls else []
-                    tok_ids = [] if d.tool_calls else list(d.token_ids)
-                    if texts is not None:  # tool calls never reach "text" (the talker speaks it)
-                        out += texts.chunks(d.text, tok_ids, final=False)
-                    elif d.text or tok_ids:
-                        out.append(TextDelta(d.text, tok_ids))
-                    text.append(d.text)
-                    for chunk in out:
-                        self.emit(rid, "stream", chunk)
-                finish = d.finish_reason or finish
-                usage = d.usage or usage
-                if d.finish_reason:
-                    for chunk in calls.finish():
-                        self.emit(rid, "stream", chunk)
+            # aclosing: leaving the loop early (the policy stopped) closes the upstream stream at once
+            async with aclosing(self.generate(rid, req)) as stream:
+                async for d in stream:
+                    if d.text or d.token_ids or d.tool_calls:
+                        first = first or time.perf_counter()
+                        chunks += 1
+                        ids.extend(d.token_ids)
+                        out = calls.feed(d.tool_calls, list(d.token_ids)) if d.tool_calls else []
+                        tok_ids = [] if d.tool_calls else list(d.token_ids)
+                        if texts is not None:  # tool calls never reach "text" (the talker speaks it)
+                            out += texts.chunks(d.text, tok_ids, final=False)
+                        elif d.text or tok_ids:
+                            out.append(TextDelta(d.text, tok_ids))
+                        if publish(out):
+                            finish = "policy"
+                            break
+                    finish = d.finish_reason or finish
+                    usage = d.usage or usage
+                    if d.finish_reason:
+                        publish(calls.finish())
             # the upstream finished (with or without a finish_reason): close what is open, release held text
-            for chunk in calls.finish() + (texts.chunks("", [], final=True) if texts is not None else []):
-                self.emit(rid, "stream", chunk)
+            publish(calls.finish() + (texts.chunks("", [], final=True) if texts is not None else []))
         except asyncio.CancelledError:
             finish = "abort"
         except UpstreamError as exc:
@@ -138,13 +175,18 @@ class AsyncStreamScheduler(ThreadedScheduler):
         except Exception as exc:
             self.emit_error(rid, exc, code="upstream_error")
             return
+        if policy is not None and finish not in ("policy", "abort"):
+            tail = policy.finish(finish or "stop")  # a cut ("length") ends at the last sentence boundary
+            if tail:
+                text.append(tail)
+                self.emit(rid, "stream", TextDelta(tail, []))
         usage = usage or {}
         prompt_tokens = usage.get("prompt_tokens") or self._count_prompt(req)
         self.emit(
             rid,
             "result",
             result_payload(
-                text="".join(texts.spoken) if texts is not None else "".join(text),
+                text="".join(text),  # what was streamed as speakable text (after the tool split and the policy)
                 token_ids=ids,
                 finish_reason=finish or "stop",
                 prompt_tokens=prompt_tokens,

@@ -49,16 +49,21 @@ def create_ar_scheduler(
     cuda_graphs: bool = True,
     tokenizer: str | None = None,
     api_key: str | None = None,
+    sampling: dict[str, Any] | None = None,
+    answer_policy: dict[str, Any] | None = None,
+    languages: list[str] | None = None,
     **backend_kwargs: Any,
 ) -> ThreadedScheduler:
     """Build an AR scheduler (not started). ``model`` is ``"smollm2"`` (the packaged CPU thinker), a local
     model directory, or — for ``remote`` — the model name the server expects. ``tokenizer`` (a local path)
-    overrides where ``scheduler.tokenizer`` comes from.
+    overrides where ``scheduler.tokenizer`` comes from. ``sampling`` / ``answer_policy`` / ``languages``:
+    the preset's decoding defaults, voice answer policy and the talker's languages (see ``ARScheduler``).
 
     ``llama.cpp`` runs ``model`` ("smollm2" = the packaged GGUF, or a ``.gguf`` path) on a managed
     ``llama-server`` (``omni_rt.engine.llama_cpp``): ``cpu_threads`` threads, ``max_batch_size`` slots,
     ``kv_budget_tokens`` of shared context. Without a built binary it falls back to ``torch`` with a warning.
     """
+    quality = dict(sampling=sampling, answer_policy=answer_policy, languages=languages)
     if backend in ("llama.cpp", "llama_cpp", "llamacpp"):
         from omni_rt.engine import llama_cpp
 
@@ -77,6 +82,7 @@ def create_ar_scheduler(
                 ctx_size=kv_budget_tokens,
                 tokenizer=_try_tokenizer(tokenizer or (model if model == "smollm2" else None)),
                 default_max_tokens=default_max_tokens,
+                **quality,
                 **{k: v for k, v in backend_kwargs.items() if k in ("cache_ram_mib", "read_timeout_s")},
                 extra_args=(*backend_kwargs.get("extra_args", ()), *(() if prefix_reuse else ("--no-cache-prompt",))),
             )
@@ -119,6 +125,7 @@ def create_ar_scheduler(
             default_max_tokens=default_max_tokens,
             batch_wait_ms=batch_wait_ms,
             batch_wait_when_idle=batch_wait_when_idle,
+            **quality,
         )
     if backend == "remote":
         from omni_rt.engine.remote import RemoteScheduler
@@ -132,6 +139,7 @@ def create_ar_scheduler(
             api_key=api_key,
             name=name,
             default_max_tokens=default_max_tokens,
+            **quality,
             **backend_kwargs,
         )
     if backend == "sglang":

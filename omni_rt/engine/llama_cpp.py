@@ -449,7 +449,7 @@ def _make_scheduler_class():
             if forced is not None:
                 text += TOOL_OPEN  # the answer is a call: its framing is given, its JSON constrained
             ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-            body = request_body(dataclasses.replace(req, messages=None, prompt_ids=ids, tools=None), self.model)
+            body = request_body(dataclasses.replace(req, messages=None, prompt_ids=ids, tools=None), self.model, self.dialect)
             if forced is not None:
                 body["json_schema"] = forced  # llama-server decodes under the grammar it compiles from this
             return "/completions", body
@@ -500,7 +500,7 @@ def create_llama_cpp_scheduler(
                          cache_ram_mib=cache_ram_mib, extra_args=extra_args)
     cls = _make_scheduler_class()
     return cls(server, model="omni-rt-thinker", tokenizer=tokenizer, name=name,
-               default_max_tokens=default_max_tokens, **remote_kwargs)
+               default_max_tokens=default_max_tokens, dialect="llama.cpp", **remote_kwargs)
 
 
 def _main(argv: list[str]) -> int:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Literal
 
 import httpx
 
 from omni_rt.engine.async_stream import AsyncStreamScheduler, Delta, UpstreamError
-from omni_rt.engine.request import GenRequest
+from omni_rt.engine.request import GenRequest, SamplingParams
 from omni_rt.engine.tools import chat_tools
 
 _RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError, httpx.ReadError)
@@ -28,8 +28,29 @@ class _RetryableStatus(Exception):
     pass
 
 
-def request_body(req: GenRequest, model: str) -> dict[str, Any]:
-    """OpenAI request body; engine-specific knobs (top_k, ignore_eos, ...) only when they differ from defaults."""
+Dialect = Literal["openai", "llama.cpp"]
+
+
+def _penalty_fields(s: SamplingParams, dialect: Dialect) -> dict[str, Any]:
+    """Repetition controls in the upstream's own names, only when set (an OpenAI endpoint refuses unknown
+    keys; SGLang/vLLM and llama.cpp accept their extensions). llama.cpp's ``repeat_penalty`` looks back
+    over its last ``repeat_last_n`` tokens (prompt included), ours over the answer only; no upstream has
+    ``no_repeat_ngram_size``, so it is not sent (the answer policy still bounds the answer)."""
+    out: dict[str, Any] = {}
+    if s.repetition_penalty != 1.0:
+        out["repeat_penalty" if dialect == "llama.cpp" else "repetition_penalty"] = s.repetition_penalty
+    if s.frequency_penalty:
+        out["frequency_penalty"] = s.frequency_penalty
+    if s.presence_penalty:
+        out["presence_penalty"] = s.presence_penalty
+    if s.min_p > 0:
+        out["min_p"] = s.min_p
+    return out
+
+
+def request_body(req: GenRequest, model: str, dialect: Dialect = "openai") -> dict[str, Any]:
+    """OpenAI request body; engine-specific knobs (top_k, ignore_eos, ...) only when they differ from defaults.
+    ``dialect`` names the upstream's spelling of the extensions (``"llama.cpp"`` for its server)."""
     body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
     if req.messages is not None:
         body["messages"] = req.messages
@@ -44,6 +65,7 @@ def request_body(req: GenRequest, model: str) -> dict[str, Any]:
         body["top_k"] = s.top_k
     if s.seed is not None:
         body["seed"] = s.seed
+    body.update(_penalty_fields(s, dialect))
     if req.stop:
         body["stop"] = list(req.stop)
     if req.stop_token_ids:
@@ -105,8 +127,18 @@ class RemoteScheduler(AsyncStreamScheduler):
         read_timeout_s: float = 60.0,
         retries: int = 2,
         retry_backoff_s: float = 0.25,
+        dialect: Dialect = "openai",
+        sampling: dict[str, Any] | None = None,
+        answer_policy: dict[str, Any] | None = None,
+        languages: list[str] | None = None,
     ) -> None:
-        super().__init__(name=name, default_max_tokens=default_max_tokens, tokenizer=tokenizer)
+        super().__init__(
+            name=name, default_max_tokens=default_max_tokens, tokenizer=tokenizer, sampling=sampling,
+            answer_policy=answer_policy, languages=languages,
+        )
+        if dialect not in ("openai", "llama.cpp"):
+            raise ValueError(f"dialect must be 'openai' or 'llama.cpp', got {dialect!r}")
+        self.dialect = dialect
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.retries = retries
@@ -122,7 +154,7 @@ class RemoteScheduler(AsyncStreamScheduler):
 
     def request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
         """The endpoint path and body for ``req`` (a subclass may speak an upstream's own dialect)."""
-        return ("/chat/completions" if req.messages is not None else "/completions"), request_body(req, self.model)
+        return ("/chat/completions" if req.messages is not None else "/completions"), request_body(req, self.model, self.dialect)
 
     async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
         if self._client is None:  # created inside the loop thread it will live in

@@ -21,11 +21,34 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # > 1 discourages any token already generated (CTRL / HF semantics)
+    frequency_penalty: float = 0.0  # OpenAI semantics: logit -= f * count(token in the answer so far)
+    presence_penalty: float = 0.0  # logit -= p if the token is in the answer so far
+    no_repeat_ngram_size: int = 0  # > 0: never generate the same n-gram twice in one answer
     seed: int | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
+
+
+SAMPLING_KEYS = (
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty",
+    "no_repeat_ngram_size", "seed",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerPolicyParams:
+    """Voice answer limits (``None`` = no limit on that axis); see ``omni_rt.engine.answer_policy``."""
+
+    max_sentences: int | None = None
+    max_words: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.max_sentences is not None or self.max_words is not None
 
 
 @dataclass(slots=True)
@@ -42,6 +65,7 @@ class GenRequest:
     tools: list[dict[str, Any]] | None = None  # Realtime flat function tools (omni_rt.engine.tools)
     tool_choice: Any = "auto"  # "auto" | "none" | "required" | {"type": "function", "name": str}
     parallel_tool_calls: bool | None = None  # a forced choice decodes one call unless True
+    answer_policy: AnswerPolicyParams | None = None  # None: raw text, no voice policy (a plain LM request)
 
 
 
@@ -61,7 +85,49 @@ def _num(data: dict, key: str, kind: type, default: Any, lo: float | None = None
     return value
 
 
-def parse_request(data: Any, default_max_tokens: int) -> GenRequest:
+def parse_sampling(data: dict, defaults: dict | None = None) -> SamplingParams:
+    """Sampling keys of a payload; a key that is absent or ``None`` takes the preset's default (``defaults``,
+    itself validated the same way), then the dataclass default."""
+    d = {**(defaults or {}), **{k: v for k, v in data.items() if k in SAMPLING_KEYS and v is not None}}
+    seed = d.get("seed")
+    return SamplingParams(
+        temperature=_num(d, "temperature", float, 0.0, 0.0, 100.0),
+        top_p=_num(d, "top_p", float, 1.0, 1e-6, 1.0),
+        top_k=_num(d, "top_k", int, 0, 0),
+        min_p=_num(d, "min_p", float, 0.0, 0.0, 1.0),
+        repetition_penalty=_num(d, "repetition_penalty", float, 1.0, 0.01, 100.0),
+        frequency_penalty=_num(d, "frequency_penalty", float, 0.0, -2.0, 2.0),
+        presence_penalty=_num(d, "presence_penalty", float, 0.0, -2.0, 2.0),
+        no_repeat_ngram_size=_num(d, "no_repeat_ngram_size", int, 0, 0, 64),
+        seed=None if seed is None else _num(d, "seed", int, None, 0, 2**62),
+    )
+
+
+def parse_answer_policy(value: Any, default: AnswerPolicyParams | None = None) -> AnswerPolicyParams | None:
+    """``answer_policy``: absent/``None`` -> ``default`` (the preset's; ``None`` = no policy, raw text); a dict
+    -> exactly its limits, where a missing or ``None`` limit means no limit on that axis (``{}`` keeps only
+    the rule that a ``max_tokens`` cut ends at a sentence boundary)."""
+    if value is None:
+        return default
+    if isinstance(value, AnswerPolicyParams):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"'answer_policy' must be an object {{max_sentences, max_words}}, got {value!r}")
+    unknown = set(value) - {"max_sentences", "max_words"}
+    if unknown:
+        raise ValueError(f"'answer_policy' has unknown keys {sorted(unknown)}; use max_sentences, max_words")
+    return AnswerPolicyParams(
+        max_sentences=_num(value, "max_sentences", int, None, 1, 1000),
+        max_words=_num(value, "max_words", int, None, 1, 100000),
+    )
+
+
+def parse_request(
+    data: Any,
+    default_max_tokens: int,
+    sampling_defaults: dict | None = None,
+    default_policy: AnswerPolicyParams | None = None,
+) -> GenRequest:
     """Validate a ``new_request`` payload (see the message contract in ``omni_rt.engine``)."""
     if not isinstance(data, dict):
         raise ValueError(f"new_request data must be a dict, got {type(data).__name__}")
@@ -93,7 +159,6 @@ def parse_request(data: Any, default_max_tokens: int) -> GenRequest:
     session_id = data.get("session_id")
     if session_id is not None and not isinstance(session_id, str):
         raise ValueError("'session_id' must be a string")
-    seed = data.get("seed")
     tools = data.get("tools") or None
     if tools is not None:
         validate_tools(tools)
@@ -105,12 +170,7 @@ def parse_request(data: Any, default_max_tokens: int) -> GenRequest:
         prompt_ids=prompt_ids,
         messages=messages,
         max_tokens=_num(data, "max_tokens", int, default_max_tokens, 1),
-        sampling=SamplingParams(
-            temperature=_num(data, "temperature", float, 0.0, 0.0, 100.0),
-            top_p=_num(data, "top_p", float, 1.0, 1e-6, 1.0),
-            top_k=_num(data, "top_k", int, 0, 0),
-            seed=None if seed is None else _num(data, "seed", int, None),
-        ),
+        sampling=parse_sampling(data, sampling_defaults),
         session_id=session_id,
         stop=tuple(stop),
         stop_token_ids=tuple(stop_ids),
@@ -119,6 +179,7 @@ def parse_request(data: Any, default_max_tokens: int) -> GenRequest:
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
+        answer_policy=parse_answer_policy(data.get("answer_policy"), default_policy),
     )
 
 

@@ -1,48 +1,200 @@
-"""Batched next-token selection with per-request parameters and per-request RNG.
+"""Batched next-token selection with per-request controls, all as per-slot tensors on the engine's device.
 
-Greedy rows take one vectorised argmax; sampled rows (usually few in a voice server) loop, each with its own
-``torch.Generator`` so a seeded request gives the same tokens whatever else shares the batch.
+Why per-slot state: a voice thinker needs repetition control (a 135M model loops under plain greedy) and the
+codec talker needs repetition penalty >= 1.1, per request, in a continuously batched step. So each slot keeps
+its parameters ([slots] tensors, written once at admission) and its generated-token history ([slots, V]
+counts for the penalties, [slots, L] ids for no-repeat n-grams), updated in place each step, moved with
+compaction and cleared on release. A step is a handful of whole-batch tensor ops, no per-row Python loop.
+
+Why not transformers' ``LogitsProcessorList``: its processors take one scalar per batch (one temperature,
+one penalty), not a per-row tensor, and they re-scan the whole ``input_ids`` every step; here the counts are
+kept incrementally and penalties cover generated tokens only — penalising the prompt would push a voice
+answer away from the very words of the question ("the capital of France is ...").
+
+Randomness is counter-based (a 32-bit integer hash of (seed, step, token id) turned into Gumbel noise, then
+argmax): a seeded row draws the same tokens whatever shares its batch, without a ``torch.Generator`` per
+row. Greedy rows stay a plain argmax of the (penalised) logits.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Sequence
 
+import numpy as np
 import torch
 
 from omni_rt.engine.request import SamplingParams
 
-
-def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
-    if params.greedy:
-        return None
-    gen = torch.Generator(device=device)
-    gen.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
-    return gen
+_M32 = 0xFFFFFFFF
 
 
-def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> torch.Tensor:
-    x = logits.float() / p.temperature
-    if p.top_k > 0 and p.top_k < x.numel():
-        kth = torch.topk(x, p.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if p.top_p < 1.0:
-        sorted_x, order = torch.sort(x, descending=True)
-        probs = torch.softmax(sorted_x, dim=-1)
-        # drop a token when the mass before it already reaches top_p (the top token always stays)
-        drop = (torch.cumsum(probs, dim=-1) - probs) >= p.top_p
-        x = x.scatter(0, order, sorted_x.masked_fill(drop, float("-inf")))
-    probs = torch.softmax(x, dim=-1)
-    return torch.multinomial(probs, 1, generator=gen)[0]
+def _mul32(x: torch.Tensor, m: int) -> torch.Tensor:
+    """``(x * m) mod 2**32`` for ``0 <= x < 2**32`` without int64 overflow (split ``m`` into 16-bit halves)."""
+    lo, hi = m & 0xFFFF, m >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
 
 
-def sample(
-    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche hash (the "lowbias32" constants); input and output in ``[0, 2**32)``."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, vocab_hash: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise [B, V] that depends only on each row's (seed, step) and the token id."""
+    s = _mix32((seed & _M32) ^ _mix32((seed >> 32) & _M32))
+    r = _mix32(s ^ _mix32((step + 0x9E3779B9) & _M32))
+    h = _mix32(r[:, None] ^ vocab_hash[None, :])
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1), 24 exact bits
+    return -torch.log(-torch.log(u))
+
+
+def apply_penalties(
+    x: torch.Tensor, counts: torch.Tensor, rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor
 ) -> torch.Tensor:
-    """``logits`` [B, V] -> token ids [B] (int64, on the logits' device; no host sync)."""
-    out = logits.argmax(dim=-1)
-    for i, p in enumerate(params):
-        if not p.greedy:
-            out[i] = _sample_row(logits[i], p, generators[i])
-    return out
+    """Repetition (CTRL/HF: divide positive logits, multiply negative ones), frequency and presence
+    (OpenAI: subtract ``freq * count + pres * seen``) penalties over each row's generated tokens."""
+    seen = counts > 0
+    r = rep[:, None]
+    penalised = torch.where(x > 0, x / r, x * r)
+    x = torch.where(seen, penalised, x)
+    return x - freq[:, None] * counts - pres[:, None] * seen.to(x.dtype)
+
+
+def no_repeat_ngram_ban(hist: torch.Tensor, gen_len: torch.Tensor, n: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, V] bool: tokens that would complete an n-gram already generated by that row (``n`` [B], 0 = off).
+
+    The candidate completing ``hist[e-n+1..e]`` is ``hist[e]``; it is banned when ``hist[e-k] ==
+    hist[L-k]`` for ``k = 1..n-1`` (the row's last ``n-1`` tokens). One shifted compare per ``k``.
+    """
+    b, width = hist.shape
+    e = torch.arange(width, device=hist.device)[None, :]
+    cond = (n[:, None] > 0) & (e >= (n - 1)[:, None]) & (e < gen_len[:, None]) & (gen_len >= n - 1)[:, None]
+    for k in range(1, int(n.max()) if b else 1):
+        pad = min(k, width)
+        prev = torch.cat([torch.full((b, pad), -1, dtype=hist.dtype, device=hist.device), hist[:, : width - pad]], 1)
+        last = hist.gather(1, (gen_len - k).clamp(min=0)[:, None])
+        cond &= (prev == last) | (k > n - 1)[:, None]
+    idx = torch.where(cond, hist, torch.full_like(hist, vocab))
+    ban = torch.zeros(b, vocab + 1, dtype=torch.bool, device=hist.device)
+    ban.scatter_(1, idx, True)
+    return ban[:, :vocab]
+
+
+def filter_logits(
+    x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor, *, sort: bool, use_min_p: bool
+) -> torch.Tensor:
+    """Top-k, then top-p (nucleus), then min-p, each per row; masked logits become ``-inf``.
+    ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` are off for their row."""
+    v = x.shape[-1]
+    if sort:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        rank = torch.arange(v, device=x.device)[None, :]
+        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, v)).clamp(max=v)
+        drop = rank >= k[:, None]
+        probs = torch.softmax(sorted_x.masked_fill(drop, float("-inf")), dim=-1)
+        # drop a token when the mass before it already reaches top_p (the top token always stays)
+        drop |= ((torch.cumsum(probs, dim=-1) - probs) >= top_p[:, None]) & (top_p < 1.0)[:, None]
+        x = x.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+    if use_min_p:
+        probs = torch.softmax(x, dim=-1)
+        x = x.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+    return x
+
+
+class SlotSampler:
+    """Per-slot sampling parameters and generated-token history; picks the next token for a set of slots."""
+
+    def __init__(self, num_slots: int, vocab_size: int, max_len: int, device: torch.device) -> None:
+        self.vocab_size, self.max_len, self.device = vocab_size, max_len, device
+        f32 = dict(dtype=torch.float32, device=device)
+        i64 = dict(dtype=torch.long, device=device)
+        self.temperature = torch.ones(num_slots, **f32)
+        self.top_p = torch.ones(num_slots, **f32)
+        self.min_p = torch.zeros(num_slots, **f32)
+        self.rep = torch.ones(num_slots, **f32)
+        self.freq = torch.zeros(num_slots, **f32)
+        self.pres = torch.zeros(num_slots, **f32)
+        self.top_k = torch.zeros(num_slots, **i64)
+        self.ngram = torch.zeros(num_slots, **i64)
+        self.seed = torch.zeros(num_slots, **i64)
+        self.greedy = torch.ones(num_slots, dtype=torch.bool, device=device)
+        self.gen_len = torch.zeros(num_slots, **i64)
+        self.counts = torch.zeros(num_slots, vocab_size, **f32)
+        self.hist = torch.full((num_slots, max_len), -1, **i64)
+        self._vocab_hash = _mix32(torch.arange(vocab_size, **i64) * 0x9E37 + 0x85EBCA6B & _M32)
+        # host mirrors: which (whole-batch) passes a step needs, decided without reading the device
+        self._h = np.zeros((num_slots, 6), dtype=np.int64)  # sampled, sort, min_p, penalties, ngram, gen_len
+        self.vocab_bias: torch.Tensor | None = None  # [V] float added to every row (language steering)
+
+    # ------------------------------------------------------------ slot state
+    def assign(self, slot: int, p: SamplingParams) -> None:
+        """A request enters ``slot``: write its parameters and clear the history."""
+        self.temperature[slot] = p.temperature if not p.greedy else 1.0
+        self.top_p[slot], self.min_p[slot], self.top_k[slot] = p.top_p, p.min_p, p.top_k
+        self.rep[slot], self.freq[slot], self.pres[slot] = p.repetition_penalty, p.frequency_penalty, p.presence_penalty
+        self.ngram[slot] = p.no_repeat_ngram_size
+        self.seed[slot] = p.seed if p.seed is not None else random.getrandbits(62)
+        self.greedy[slot] = p.greedy
+        penal = p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+        sampled = not p.greedy
+        self._h[slot] = (
+            sampled, sampled and (p.top_k > 0 or p.top_p < 1.0), sampled and p.min_p > 0, penal,
+            p.no_repeat_ngram_size, 0,
+        )
+        self.release(slot, params_too=False)
+
+    def release(self, slot: int, params_too: bool = True) -> None:
+        self.counts[slot].zero_()
+        self.hist[slot].fill_(-1)
+        self.gen_len[slot] = 0
+        self._h[slot, 5] = 0
+        if params_too:
+            self._h[slot, :5] = 0
+
+    def move(self, src: int, dst: int) -> None:
+        for t in (self.temperature, self.top_p, self.min_p, self.rep, self.freq, self.pres, self.top_k, self.ngram,
+                  self.seed, self.greedy, self.gen_len, self.counts, self.hist):
+            t[dst] = t[src]
+        self._h[dst] = self._h[src]
+        self.release(src)
+
+    # ------------------------------------------------------------ picking
+    def select(self, logits: torch.Tensor, slots: slice | torch.Tensor) -> torch.Tensor:
+        """``logits`` [B, V] for ``slots`` (a slice of B slots, or a [B] index tensor) -> token ids [B]
+        (int64, on device; no host sync), and the history of those slots advanced by one token."""
+        h = self._h[slots if isinstance(slots, slice) else slots.cpu().numpy()]
+        x = logits.float()
+        if h[:, 3].any():
+            x = apply_penalties(x, self.counts[slots], self.rep[slots], self.freq[slots], self.pres[slots])
+        if h[:, 4].any():
+            width = max(1, min(int(h[:, 5].max()), self.max_len))
+            ban = no_repeat_ngram_ban(self.hist[slots, :width], self.gen_len[slots], self.ngram[slots], x.shape[-1])
+            x = x.masked_fill(ban, float("-inf"))
+        if self.vocab_bias is not None:
+            x = x + self.vocab_bias[None, :]
+        out = x.argmax(dim=-1)
+        if h[:, 0].any():
+            xs = x / self.temperature[slots][:, None]
+            xs = filter_logits(xs, self.top_k[slots], self.top_p[slots], self.min_p[slots],
+                               sort=bool(h[:, 1].any()), use_min_p=bool(h[:, 2].any()))
+            picked = (xs + gumbel_noise(self.seed[slots], self.gen_len[slots], self._vocab_hash)).argmax(dim=-1)
+            out = torch.where(self.greedy[slots], out, picked)
+        self._record(slots, out)
+        h_rows = h[:, 5] + 1
+        if isinstance(slots, slice):
+            self._h[slots, 5] = h_rows
+        else:
+            self._h[slots.cpu().numpy(), 5] = h_rows
+        return out
+
+    def _record(self, slots: slice | torch.Tensor, tok: torch.Tensor) -> None:
+        rows = (
+            torch.arange(slots.start or 0, slots.stop, device=self.device) if isinstance(slots, slice) else slots
+        )
+        self.counts[rows, tok] += 1.0
+        self.hist[rows, self.gen_len[rows].clamp(max=self.max_len - 1)] = tok
+        self.gen_len[rows] += 1

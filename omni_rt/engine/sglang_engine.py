@@ -53,6 +53,10 @@ class SGLangScheduler(AsyncStreamScheduler):
             "top_k": s.top_k if s.top_k > 0 else -1,
             "ignore_eos": req.ignore_eos,
             "skip_special_tokens": True,
+            "min_p": s.min_p,  # SGLang's names for the repetition controls (no n-gram ban there)
+            "repetition_penalty": s.repetition_penalty,
+            "frequency_penalty": s.frequency_penalty,
+            "presence_penalty": s.presence_penalty,
         }
         if req.stop:
             params["stop"] = list(req.stop)

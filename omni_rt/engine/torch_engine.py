@@ -25,7 +25,7 @@ import torch
 
 from omni_rt.engine.kv_cache import KVBlob, SlotKVCache
 from omni_rt.engine.request import SamplingParams
-from omni_rt.engine.sampling import sample
+from omni_rt.engine.sampling import SlotSampler
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,8 @@ class TorchEngine:
         self.tokens = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
         self.pos = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
         self.lengths = [0] * max_batch_size
+        # per-slot sampling parameters and generated-token history (penalties, n-grams, seeded noise)
+        self.sampler = SlotSampler(max_batch_size, self.vocab_size, self.max_seq_len, self.device)
         self._arange = torch.arange(self.max_seq_len, device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._graph_logits: dict[int, torch.Tensor] = {}
@@ -158,12 +160,12 @@ class TorchEngine:
         token_ids: list[int],
         start: int,
         params: SamplingParams,
-        generator: torch.Generator | None,
+        generator: object = None,
         mask: torch.Tensor | None = None,
     ) -> int:
         """Compute KV for ``token_ids`` at positions ``start..`` of ``slot`` (``[:start]`` already there) and
         pick the next token, which becomes the slot's next decode input. ``mask`` [1, V] bool: allowed tokens
-        (a tool-call grammar)."""
+        (a tool-call grammar). (``generator`` is unused: seeded randomness is per slot, see ``sampling``.)"""
         end = start + len(token_ids)
         if end >= self.max_seq_len:
             raise ValueError(f"prompt of {end} tokens does not fit max_seq_len={self.max_seq_len}")
@@ -175,9 +177,10 @@ class TorchEngine:
         pos = self._arange[start:end]
         allowed = self._arange[None, :end] <= pos[:, None]
         logits = self._forward(ids, pos[None], allowed[None, None])
+        self.sampler.assign(slot, params)
         if mask is not None:
             logits = logits.masked_fill(~mask, float("-inf"))
-        tok = sample(logits, [params], [generator])
+        tok = self.sampler.select(logits, slice(slot, slot + 1))
         self.tokens[slot] = tok[0]
         self.pos[slot] = end
         self.lengths[slot] = end
@@ -187,12 +190,13 @@ class TorchEngine:
     def decode(
         self,
         n: int,
-        params: Sequence[SamplingParams],
-        generators: Sequence[torch.Generator | None],
+        params: Sequence[SamplingParams] | None = None,
+        generators: Sequence[object] | None = None,
         mask: torch.Tensor | None = None,
     ) -> list[int]:
-        """One decode step for slots ``0..n-1``: feed each slot's last token, sample the next one.
-        ``mask`` [n, V] bool: allowed tokens per row (grammar rows; unconstrained rows all True)."""
+        """One decode step for slots ``0..n-1``: feed each slot's last token, sample the next one (each slot's
+        sampling parameters were set at its prefill; ``params``/``generators`` are unused). ``mask`` [n, V]
+        bool: allowed tokens per row (grammar rows; unconstrained rows all True)."""
         if self.static_kv:
             bucket = next(b for b in self._buckets() if b >= n)
             if bucket in self.graphs:
@@ -206,7 +210,7 @@ class TorchEngine:
             logits = self._decode_forward(n, view_len)
         if mask is not None:
             logits = logits.masked_fill(~mask, float("-inf"))
-        tok = sample(logits, params, generators)
+        tok = self.sampler.select(logits, slice(0, n))
         self.tokens[:n] = tok
         self.pos[:n] += 1
         for i in range(n):
@@ -221,6 +225,7 @@ class TorchEngine:
         self.tokens[dst] = self.tokens[src]
         self.pos[dst] = self.pos[src]
         self.lengths[dst] = self.lengths[src]
+        self.sampler.move(src, dst)
         self.release(src)
 
     def reset(self) -> None:
@@ -231,6 +236,7 @@ class TorchEngine:
     def release(self, slot: int) -> None:
         self.lengths[slot] = 0
         self.pos[slot] = 0
+        self.sampler.release(slot)
 
     @torch.inference_mode()
     def export_kv(self, slot: int, n: int) -> KVBlob:

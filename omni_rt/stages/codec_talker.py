@@ -200,4 +200,5 @@ def create_codec_talker(
     if tok is None:
         raise ValueError(f"stage 'talker' field 'tokenizer': no tokenizer found for codec model '{model}'")
     return CodecTalkerScheduler(engine, tok, voice=voice, max_tokens_per_clause=max_tokens_per_clause,
-                                ignore_eos=ignore_eos, sampling={"temperature": temperature, "top_p": 0.95, "seed": 0})
+                                ignore_eos=ignore_eos, sampling={"temperature": temperature, "top_p": 0.95, "seed": 0,
+                                          "repetition_penalty": 1.1})  # Orpheus loops on codes below 1.1
