@@ -101,8 +101,10 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
         """Live per-request state of every stage (tests assert it returns to zero)."""
         if (refused := guarded(request)) is not None:
             return refused
+        cache = {name: st.scheduler.cache_state() for name, st in runtime.coordinator.stages.items()
+                 if hasattr(st.scheduler, "cache_state")}  # thinker prefix/KV accounting (issue #12)
         return JSONResponse({"live": runtime.live_state(), "total": runtime.coordinator.live_total(),
-                             "sessions": len(runtime.sessions)})
+                             "sessions": len(runtime.sessions), "cache": cache})
 
     @app.get("/")
     async def index() -> FileResponse:
