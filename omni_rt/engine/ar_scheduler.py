@@ -6,8 +6,8 @@ One loop iteration, between two decode steps:
   2. reap: free the slots of finished/aborted requests (keeping a session's KV for its next turn) and
      compact live requests into slots ``0..B-1``;
   3. admit: prefill waiting requests into free slots (reusing a session's cached prefix), publish their
-     first token. Prefill is *chunked*: at most ``prefill_chunk_tokens`` prompt tokens per iteration, the
-     request with the fewest tokens left first, so a 3000-token prompt costs the running decodes (and a
+     first token. Prefill is *chunked*: at most ``prefill_chunk_tokens`` prompt tokens per iteration (fewer
+     while answers are decoding), the request with the fewest tokens left first, so a 3000-token prompt costs the running decodes (and a
      short request arriving meanwhile) one chunk per step instead of a multi-second stall. A request being
      prefilled holds a slot above the decode rows and joins them when its last chunk is done;
   4. decode one step for all live rows.
@@ -71,10 +71,14 @@ class ARScheduler(ThreadedScheduler):
         batch_wait_ms: float = 0.0,
         batch_wait_when_idle: bool = False,
         prefill_chunk_tokens: int | None = None,
+        prefill_tokens_while_decoding: int | None = None,
     ) -> None:
-        """``prefill_chunk_tokens`` bounds the prompt tokens prefilled between two decode steps (default: 64
-        on CPU, where 64 tokens cost about one short prompt's prefill, so a bystander waits at most ~2x its
-        own; 512 on GPU)."""
+        """``prefill_chunk_tokens`` bounds the prompt tokens prefilled in one iteration (default: 64 on CPU,
+        where 64 tokens cost about one short prompt's prefill, so a request arriving mid-chunk waits at most
+        ~2x its own prefill; 512 on GPU). ``prefill_tokens_while_decoding`` (default a quarter of it) is the
+        bound while requests are decoding: on CPU 16 prefill tokens cost about one decode step, so a long
+        prefill and the running answers share the thinker about evenly instead of every answer's next token
+        waiting behind a full chunk."""
         super().__init__()
         # Admission window for an idle engine, as in SimpleScheduler: idle-immediate by default (a lone
         # request prefills at once); the window arms only once a second request is waiting, or always with
@@ -103,6 +107,7 @@ class ARScheduler(ThreadedScheduler):
         if prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.prefill_tokens_while_decoding = max(1, prefill_tokens_while_decoding or prefill_chunk_tokens // 4)
         self._prefilling: list[Sequence] = []  # hold slots above the decode rows until their last chunk
         self._prefill_pos: dict[str, int] = {}  # request id -> prompt tokens already in its slot's KV
         self._closed: OrderedDict[str, None] = OrderedDict()
@@ -327,8 +332,8 @@ class ARScheduler(ThreadedScheduler):
 
     # ------------------------------------------------------------------ slots
     def _admit(self) -> None:
-        """Spend at most ``prefill_chunk_tokens`` of prefill this iteration, fewest tokens left first."""
-        budget = self.prefill_chunk_tokens
+        """Spend a bounded number of prefill tokens this iteration, fewest tokens left first."""
+        budget = self.prefill_tokens_while_decoding if self._rows else self.prefill_chunk_tokens
         while budget > 0:
             seq = self._next_prefill()
             if seq is None:
