@@ -8,6 +8,7 @@ from __future__ import annotations
 import queue
 import statistics
 import time
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -67,8 +68,8 @@ def events(s, until, timeout: float = 120.0) -> list[tuple[float, str, dict]]:
             msg = s.outbox.get(timeout=left)
         except queue.Empty:
             continue
-        if msg.type == "event":
-            out.append((time.perf_counter(), msg.request_id, msg.data))
+        if msg.type == "event":  # a typed AsrEvent (omni_rt.stages.contracts), read here as a dict
+            out.append((time.perf_counter(), msg.request_id, {"type": type(msg.data).__name__, **asdict(msg.data)}))
         elif msg.type == "error":
             out.append((time.perf_counter(), msg.request_id, {"type": "error", "code": msg.metadata.get("code"),
                                                                "message": msg.data}))
@@ -76,7 +77,7 @@ def events(s, until, timeout: float = 120.0) -> list[tuple[float, str, dict]]:
 
 
 def finals(evs, sid: str) -> list[dict]:
-    return [ev for _, s, ev in evs if s == sid and ev["type"] == "transcript.final"]
+    return [ev for _, s, ev in evs if s == sid and ev["type"] == "TranscriptFinal"]
 
 
 def test_commit_burst_is_fair_bounded_and_loses_no_turn(sched, speech_16k):
@@ -88,7 +89,7 @@ def test_commit_burst_is_fair_bounded_and_loses_no_turn(sched, speech_16k):
         t0 = time.perf_counter()
         commit_turn(sched, "by", speech_16k)
         evs = events(sched, lambda e: len(finals(e, "by")) == 1)
-        solo.append(next(t for t, sid, ev in evs if ev["type"] == "transcript.final") - t0)
+        solo.append(next(t for t, sid, ev in evs if ev["type"] == "TranscriptFinal") - t0)
     solo_s = statistics.median(solo)
 
     # 10 commits in a burst (well under a millisecond apart), then the bystander commits once
@@ -98,7 +99,7 @@ def test_commit_burst_is_fair_bounded_and_loses_no_turn(sched, speech_16k):
     commit_turn(sched, "by", speech_16k)
     evs = events(sched, lambda e: len(finals(e, "burst")) == 7 and len(finals(e, "by")) == 1)
 
-    burst_commits = [ev for _, s, ev in evs if s == "burst" and ev["type"] == "committed"]
+    burst_commits = [ev for _, s, ev in evs if s == "burst" and ev["type"] == "Committed"]
     busy = [ev for _, s, ev in evs if s == "burst" and ev["type"] == "error"]
     # one decode running + 6 queued are accepted; the rest are refused, clearly
     assert len(burst_commits) == 7 and len(busy) == 3, [ev for _, s, ev in evs if s == "burst"]
@@ -111,9 +112,9 @@ def test_commit_burst_is_fair_bounded_and_loses_no_turn(sched, speech_16k):
     assert all("capital" in f["text"].lower() for f in finals(evs, "burst"))
 
     # fairness: the bystander's decode ran after at most the one burst decode already in flight
-    order = [s for _, s, ev in evs if ev["type"] == "transcript.final"]
+    order = [s for _, s, ev in evs if ev["type"] == "TranscriptFinal"]
     assert order.index("by") <= 1, order
-    by_done = next(t for t, s, ev in evs if s == "by" and ev["type"] == "transcript.final")
+    by_done = next(t for t, s, ev in evs if s == "by" and ev["type"] == "TranscriptFinal")
     assert by_done - t0 <= 2.5 * solo_s + 0.3, (by_done - t0, solo_s)
 
     # the refused commits lost nothing: their audio is still buffered and the next commit transcribes it
