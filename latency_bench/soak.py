@@ -103,7 +103,8 @@ async def _turn(ws, text: str, res: TurnResult, stats: Stats, drop: bool, timeou
         elif kind == "response.done":
             status = (ev.get("response") or {}).get("status")
             res.status = "completed" if status == "completed" else "failed"
-            res.detail = "" if status == "completed" else json.dumps((ev.get("response") or {}).get("status_details"))[:200]
+            details = (ev.get("response") or {}).get("status_details")
+            res.detail = "" if status == "completed" else json.dumps(details)[:200]
             return
 
 

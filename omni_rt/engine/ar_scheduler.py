@@ -7,8 +7,9 @@ One loop iteration, between two decode steps:
      compact live requests into slots ``0..B-1``;
   3. admit: prefill waiting requests into free slots (reusing a session's cached prefix), publish their
      first token. Prefill is *chunked*: at most ``prefill_chunk_tokens`` prompt tokens per iteration (fewer
-     while answers are decoding), the request with the fewest tokens left first, so a 3000-token prompt costs the running decodes (and a
-     short request arriving meanwhile) one chunk per step instead of a multi-second stall. A request being
+     while answers are decoding), the request with the fewest tokens left first, so a 3000-token prompt
+     costs the running decodes (and a short request arriving meanwhile) one chunk per step instead of a
+     multi-second stall. A request being
      prefilled holds a slot above the decode rows and joins them when its last chunk is done;
   4. decode one step for all live rows.
 With ``async_decode`` step 4 runs in a worker thread and the host work of the *previous* step (token
@@ -19,7 +20,7 @@ or without lookahead: the step inputs are the same tokens either way.
 
 History is trimmed by tokens, not by item count (``_fit_messages``): the leading system message(s) are kept,
 the oldest turns dropped, in big steps remembered per session so the kept prefix — and its cached KV — stays
-the same for several turns. Each message is priced (bytes first, then tokens, newest first) before the whole
+the same for several turns. Each message is priced (length first, then tokens, newest first) before the whole
 prompt is tokenised, so a huge item never costs the thinker thread more than a length check.
 
 ``session_close`` (a closed WebSocket) drops the session's stored prefix and makes any request of that
