@@ -190,9 +190,11 @@ def table(result: dict[str, Any]) -> str:
         c = s[cls]
         lines.append(f"{cls:8} {c['turns']:5d} {c['ok']:4d} {len(c['failures']):4d} "
                      f"{str(c['ttfa_p50_ms']) + ' ms':>9} {str(c['ttfa_p95_ms']) + ' ms':>9}")
-    lines.append(f"short solo TTFA p50 {s['solo_short_ttfa_p50_ms']} ms; bystander p50 ratio {s['bystander_ratio_p50']}x")
+    lines.append(f"short solo TTFA p50 {s['solo_short_ttfa_p50_ms']} ms; "
+                 f"bystander p50 ratio {s['bystander_ratio_p50']}x")
     a, b = result["server_start"], result["server_end"]
-    lines.append(f"server RSS {a.get('rss_mb')} -> {b.get('rss_mb')} MB; open FDs {a.get('open_fds')} -> {b.get('open_fds')}")
+    lines.append(f"server RSS {a.get('rss_mb')} -> {b.get('rss_mb')} MB; "
+                 f"open FDs {a.get('open_fds')} -> {b.get('open_fds')}")
     st = result.get("debug_state_end") or {}
     lines.append(f"/debug/state after: total={st.get('total')} sessions={st.get('sessions')} "
                  f"cache={json.dumps(st.get('cache') or st.get('thinker_cache') or 'not exposed')}")
@@ -224,7 +226,8 @@ async def run(args: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
         t_stop = t0 + args.max_s
         await asyncio.gather(*(
-            _session(url, i, CLASSES[i % len(CLASSES)], turns, stats, args.turn_timeout, t_stop) for i in range(sessions)
+            _session(url, i, CLASSES[i % len(CLASSES)], turns, stats, args.turn_timeout, t_stop)
+            for i in range(sessions)
         ))
         wall = time.perf_counter() - t0
         await asyncio.sleep(3.0)  # let closed sessions be reaped before the end figures
@@ -257,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", default=None, help="ws://HOST:PORT of a running server")
     p.add_argument("--pid", type=int, default=None, help="that server's pid, for RSS and FDs")
     p.add_argument("--turn-timeout", type=float, default=60.0)
-    p.add_argument("--max-s", type=float, default=None, help="stop starting turns after this long (default 120 quick, 480)")
+    p.add_argument("--max-s", type=float, default=None,
+                   help="stop starting turns after this long (default 120 quick, 480)")
     p.add_argument("--log-dir", default=None)
     p.add_argument("--out", default=None, help="JSON path (default latency_bench/results/soak[-quick].json)")
     args = p.parse_args(argv)
