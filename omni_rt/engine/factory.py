@@ -49,6 +49,7 @@ def create_ar_scheduler(
     cuda_graphs: bool = True,
     tokenizer: str | None = None,
     api_key: str | None = None,
+    prefill_chunk_tokens: int | None = None,
     **backend_kwargs: Any,
 ) -> ThreadedScheduler:
     """Build an AR scheduler (not started). ``model`` is ``"smollm2"`` (the packaged CPU thinker), a local
@@ -86,6 +87,7 @@ def create_ar_scheduler(
             default_max_tokens=default_max_tokens,
             batch_wait_ms=batch_wait_ms,
             batch_wait_when_idle=batch_wait_when_idle,
+            prefill_chunk_tokens=prefill_chunk_tokens,
         )
     if backend == "remote":
         from omni_rt.engine.remote import RemoteScheduler
