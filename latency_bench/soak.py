@@ -90,8 +90,12 @@ async def _turn(ws, text: str, res: TurnResult, stats: Stats, drop: bool, timeou
         left = deadline - time.perf_counter()
         if left <= 0:
             res.status = "timeout"
+            await _cancel(ws)
             return
-        ev = json.loads(await asyncio.wait_for(ws.recv(), left))
+        try:
+            ev = json.loads(await asyncio.wait_for(ws.recv(), left))
+        except (asyncio.TimeoutError, TimeoutError):
+            continue
         kind = ev.get("type")
         if kind == "response.output_audio.delta" and res.ttfa_s is None:
             res.ttfa_s = time.perf_counter() - t0
@@ -105,6 +109,19 @@ async def _turn(ws, text: str, res: TurnResult, stats: Stats, drop: bool, timeou
             res.status = "completed" if status == "completed" else "failed"
             details = (ev.get("response") or {}).get("status_details")
             res.detail = "" if status == "completed" else json.dumps(details)[:200]
+            return
+
+
+async def _cancel(ws, wait_s: float = 30.0) -> None:
+    """A timed-out turn is cancelled and drained, so its late audio is not taken for the next turn's."""
+    await ws.send(json.dumps({"type": "response.cancel"}))
+    end = time.perf_counter() + wait_s
+    while time.perf_counter() < end:
+        try:
+            ev = json.loads(await asyncio.wait_for(ws.recv(), end - time.perf_counter()))
+        except (asyncio.TimeoutError, TimeoutError):
+            return
+        if ev.get("type") == "response.done":
             return
 
 
@@ -259,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="cpu")
     p.add_argument("--url", default=None, help="ws://HOST:PORT of a running server")
     p.add_argument("--pid", type=int, default=None, help="that server's pid, for RSS and FDs")
-    p.add_argument("--turn-timeout", type=float, default=60.0)
+    p.add_argument("--turn-timeout", type=float, default=90.0)
     p.add_argument("--max-s", type=float, default=None,
                    help="stop starting turns after this long (default 120 quick, 480)")
     p.add_argument("--log-dir", default=None)
