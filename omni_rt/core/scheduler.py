@@ -62,6 +62,10 @@ class Scheduler(Protocol):
         """Counters for /metrics and benchmarks (monotonic unless reset)."""
         ...
 
+    def cache_state(self) -> dict[str, int]:
+        """What the scheduler keeps beyond live requests (cached prefixes, KV bytes...); {} when nothing."""
+        ...
+
 
 class ThreadedScheduler:
     """Base for schedulers that compute in one daemon thread reading ``inbox``.
@@ -110,6 +114,9 @@ class ThreadedScheduler:
         return 0
 
     def stats(self) -> dict[str, float]:
+        return {}
+
+    def cache_state(self) -> dict[str, int]:
         return {}
 
     def _guarded_loop(self) -> None:

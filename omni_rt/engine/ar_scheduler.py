@@ -6,13 +6,25 @@ One loop iteration, between two decode steps:
   2. reap: free the slots of finished/aborted requests (keeping a session's KV for its next turn) and
      compact live requests into slots ``0..B-1``;
   3. admit: prefill waiting requests into free slots (reusing a session's cached prefix), publish their
-     first token;
+     first token. Prefill is *chunked*: at most ``prefill_chunk_tokens`` prompt tokens per iteration (fewer
+     while answers are decoding), the request with the fewest tokens left first, so a 3000-token prompt
+     costs the running decodes (and a short request arriving meanwhile) one chunk per step instead of a
+     multi-second stall. A request being
+     prefilled holds a slot above the decode rows and joins them when its last chunk is done;
   4. decode one step for all live rows.
 With ``async_decode`` step 4 runs in a worker thread and the host work of the *previous* step (token
 accounting, detokenization, stop checks, publishing ``stream`` chunks) overlaps it — torch releases the GIL
 inside ops. A request found finished during that host work already took part in the step in flight; its
 lookahead token is simply discarded and its slot freed at the next reap. Greedy outputs are identical with
 or without lookahead: the step inputs are the same tokens either way.
+
+History is trimmed by tokens, not by item count (``_fit_messages``): the leading system message(s) are kept,
+the oldest turns dropped, in big steps remembered per session so the kept prefix — and its cached KV — stays
+the same for several turns. Each message is priced (length first, then tokens, newest first) before the whole
+prompt is tokenised, so a huge item never costs the thinker thread more than a length check.
+
+``session_close`` (a closed WebSocket) drops the session's stored prefix and makes any request of that
+session still in flight skip storing its KV when it ends, so a dead session never holds cache.
 """
 
 from __future__ import annotations
@@ -20,7 +32,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -30,13 +42,21 @@ from omni_rt.engine.answer_policy import AnswerPolicy
 from omni_rt.engine.detokenize import TextStream
 from omni_rt.engine.language import check_languages, steer_messages, vocab_bias
 from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
-from omni_rt.engine.request import parse_answer_policy, parse_request, parse_sampling
+from omni_rt.engine.request import _num, parse_answer_policy, parse_request, parse_sampling
 from omni_rt.engine.sequence import Sequence
 from omni_rt.engine.tools import ToolStream, detect_format, render_prompt
 from omni_rt.engine.torch_engine import TorchEngine
 from omni_rt.stages.contracts import TextDelta
 
 log = logging.getLogger(__name__)
+
+_MSG_OVERHEAD_TOKENS = 8  # chat-template tokens around one message (ChatML: <|im_start|>role\n ... <|im_end|>\n)
+_TRIM_KEEP = 0.6  # a trim keeps at most this share of the budget, leaving room for turns to come untrimmed
+_REMEMBER_CLOSED = 4096  # closed session ids remembered, so a late request of one never stores KV
+
+
+class PromptTooLong(ValueError):
+    """The newest message (plus the instructions) cannot fit the context even with all history dropped."""
 
 
 class ARScheduler(ThreadedScheduler):
@@ -55,10 +75,19 @@ class ARScheduler(ThreadedScheduler):
         sampling: dict[str, Any] | None = None,
         answer_policy: dict[str, Any] | None = None,
         languages: list[str] | None = None,
+        prefill_chunk_tokens: int | None = None,
+        prefill_tokens_while_decoding: int | None = None,
     ) -> None:
         """``sampling``: the preset's default sampling keys (a request's own keys win); ``answer_policy``: the
         preset's default voice answer policy for text requests; ``languages``: what the talker can speak
-        (prompt + vocabulary steering, see ``omni_rt.engine.language``)."""
+        (prompt + vocabulary steering, see ``omni_rt.engine.language``).
+
+        ``prefill_chunk_tokens`` bounds the prompt tokens prefilled in one iteration (default: 64 on CPU,
+        where 64 tokens cost about one short prompt's prefill, so a request arriving mid-chunk waits at most
+        ~2x its own prefill; 512 on GPU). ``prefill_tokens_while_decoding`` (default a quarter of it) is the
+        bound while requests are decoding: on CPU 16 prefill tokens cost about one decode step, so a long
+        prefill and the running answers share the thinker about evenly instead of every answer's next token
+        waiting behind a full chunk."""
         super().__init__()
         # Admission window for an idle engine, as in SimpleScheduler: idle-immediate by default (a lone
         # request prefills at once); the window arms only once a second request is waiting, or always with
@@ -89,9 +118,38 @@ class ARScheduler(ThreadedScheduler):
         self._rows: list[Sequence] = []  # invariant: self._rows[i].slot == i
         self._live: dict[str, Sequence] = {}
         self._grammars = None  # constrained.GrammarFactory, built on the first forced tool choice
+        if prefill_chunk_tokens is None:
+            prefill_chunk_tokens = 64 if engine.device.type == "cpu" else 512
+        if prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.prefill_tokens_while_decoding = max(1, prefill_tokens_while_decoding or prefill_chunk_tokens // 4)
+        self._prefilling: list[Sequence] = []  # hold slots above the decode rows until their last chunk
+        self._prefill_pos: dict[str, int] = {}  # request id -> prompt tokens already in its slot's KV
+        self._closed: OrderedDict[str, None] = OrderedDict()
+        self._trim: dict[str, tuple[int, int]] = {}  # session -> (history messages dropped, key of first kept)
+        self._costs: OrderedDict[int, int] = OrderedDict()  # message key -> its token cost (bounded memo)
+        self._max_token_chars = _max_token_chars(tokenizer)
 
     def live_state(self) -> int:
         return len(self._live)
+
+    def cache_state(self) -> dict[str, int]:
+        """Cache accounting for ``/debug/state`` and ``/metrics``; ``closed_session_prefixes`` must stay 0.
+
+        Read from another thread: plain attribute reads of containers the loop replaces or mutates, so a
+        figure may be one step stale but never raises."""
+        ids = self.prefix_store.session_ids()
+        closed = set(self._closed)
+        return {
+            "cached_prefixes": len(ids),
+            "cached_tokens": self.prefix_store.total_tokens,
+            "closed_session_prefixes": sum(1 for sid in ids if sid in closed),
+            "prefix_bytes": self.prefix_store.total_bytes,
+            "kv_bytes": self.engine.kv_bytes() + self.prefix_store.total_bytes,
+            "prefilling": len(self._prefilling),
+            **{f"prefix_{k}": v for k, v in self.prefix_store.counters.items()},
+        }
 
     # ------------------------------------------------------------------ loop
     def run_loop(self) -> None:
@@ -111,7 +169,7 @@ class ARScheduler(ThreadedScheduler):
             self._fail_all("scheduler stopped before the request finished", code="shutdown")
 
     def _iteration(self, pool: ThreadPoolExecutor | None, pending):
-        self._drain_inbox(block=not self._rows and not self._waiting)
+        self._drain_inbox(block=not self._rows and not self._waiting and not self._prefilling)
         if not self.running:
             return None
         self._reap()
@@ -139,6 +197,8 @@ class ARScheduler(ThreadedScheduler):
         self._policies.clear()
         self._waiting.clear()
         self._rows = []
+        self._prefilling = []
+        self._prefill_pos.clear()
         self.engine.reset()
 
     def _decode(self, rows: list[Sequence]) -> list[int]:
@@ -206,18 +266,19 @@ class ARScheduler(ThreadedScheduler):
                 return
             try:
                 seq = self._make_sequence(rid, msg.data)
+            except PromptTooLong as exc:
+                self.emit_error(rid, exc, code="context_length_exceeded")
+                return
             except Exception as exc:
                 self.emit_error(rid, exc, code="bad_request")
                 return
             self._live[rid] = seq
             self._waiting.append(seq)
+        elif msg.type == "session_close":
+            self._close_session(rid)
         elif msg.type == "abort":
             seq = self._live.get(rid)
-            if seq is None:
-                # a closed session is aborted by its id: forget the KV kept for its next turn
-                self.prefix_store.drop(rid)
-                return
-            if seq.finished:
+            if seq is None or seq.finished:
                 return
             seq.finish_reason = "abort"
             if seq in self._waiting:
@@ -231,6 +292,9 @@ class ARScheduler(ThreadedScheduler):
                 rid, f"{msg.type} is not accepted: send the whole prompt as new_request", code="unsupported"
             )
 
+    def close_session(self, session_id: str) -> None:
+        self.inbox.put(IncomingMessage(session_id, "session_close"))
+
     def _make_sequence(self, rid: str, data: Any) -> Sequence:
         req = parse_request(data, self.default_max_tokens, self.sampling_defaults, self.default_policy)
         tok = self.tokenizer
@@ -238,8 +302,10 @@ class ARScheduler(ThreadedScheduler):
             req.messages = steer_messages(req.messages, self.languages)
             if tok is None:
                 raise ValueError("'messages' need a tokenizer; this engine has none (send 'prompt_ids')")
-            text = render_prompt(tok, req.messages, req.tools, req.tool_choice)
-            prompt_ids = list(tok(text, add_special_tokens=False)["input_ids"])
+            prompt_ids = self._fit_messages(
+                req.session_id, req.messages, self._prompt_budget(data, req.max_tokens),
+                render=lambda msgs: render_prompt(tok, msgs, req.tools, req.tool_choice),
+            )
         else:
             prompt_ids = req.prompt_ids
         if max(prompt_ids) >= self.engine.vocab_size:
@@ -286,28 +352,87 @@ class ARScheduler(ThreadedScheduler):
 
     # ------------------------------------------------------------------ slots
     def _admit(self) -> None:
-        while self._waiting and len(self._rows) < self.engine.max_batch_size:
-            seq = self._waiting.popleft()
-            slot = len(self._rows)
+        """Spend a bounded number of prefill tokens this iteration, fewest tokens left first."""
+        budget = self.prefill_tokens_while_decoding if self._rows else self.prefill_chunk_tokens
+        while budget > 0:
+            seq = self._next_prefill()
+            if seq is None:
+                return
+            rid = seq.request_id
             try:
                 t0 = time.perf_counter()
-                start = self._restore_prefix(seq, slot)
-                mask = self._grammar_mask([seq])
-                kw = {"mask": mask} if mask is not None else {}
-                tok = self.engine.prefill(slot, seq.prompt_ids[start:], start, seq.req.sampling, None, **kw)
-                if mask is not None:
-                    seq.tools.grammar.consume(tok)
-                self.metrics["prefill_tokens"] += len(seq.prompt_ids) - start
+                if rid not in self._prefill_pos:
+                    self._waiting.remove(seq)
+                    seq.slot = self._free_slot()
+                    self._prefilling.append(seq)
+                    self._prefill_pos[rid] = self._restore_prefix(seq, seq.slot)
+                start = self._prefill_pos[rid]
+                end = min(len(seq.prompt_ids), start + budget)
+                last = end == len(seq.prompt_ids)
+                chunk = seq.prompt_ids[start:end]
+                if last:
+                    mask = self._grammar_mask([seq])
+                    kw = {"mask": mask} if mask is not None else {}
+                    tok = self.engine.prefill(seq.slot, chunk, start, seq.req.sampling, None, **kw)
+                    if mask is not None:
+                        seq.tools.grammar.consume(tok)
+                else:
+                    self.engine.prefill(seq.slot, chunk, start, seq.req.sampling, None, sample_next=False)
+                budget -= end - start
+                self._prefill_pos[rid] = end
+                self.metrics["prefill_tokens"] += end - start
                 self.metrics["prefill_s"] += time.perf_counter() - t0
             except Exception as exc:
-                self.engine.release(slot)
-                del self._live[seq.request_id]
-                self._policies.pop(seq.request_id, None)
-                self.emit_error(seq.request_id, exc, code="prefill_error")
+                if seq in self._prefilling:
+                    self._prefilling.remove(seq)
+                    self.engine.release(seq.slot)
+                self._prefill_pos.pop(rid, None)
+                del self._live[rid]
+                self._policies.pop(rid, None)
+                self.emit_error(rid, exc, code="prefill_error")
                 continue
-            seq.slot = slot
-            self._rows.append(seq)
-            self._publish(seq, tok)
+            if last:
+                self._join_rows(seq)
+                self._publish(seq, tok)
+
+    def _next_prefill(self) -> Sequence | None:
+        """Shortest remaining prompt first (a short bystander overtakes a long prefill between chunks);
+        a waiting request is a candidate only while a slot is free."""
+        best, best_left = None, None
+        for seq in self._prefilling:
+            left = len(seq.prompt_ids) - self._prefill_pos[seq.request_id]
+            if best_left is None or left < best_left:
+                best, best_left = seq, left
+        if len(self._rows) + len(self._prefilling) < self.engine.max_batch_size:
+            for seq in self._waiting:
+                left = len(seq.prompt_ids) - self._cached_estimate(seq)
+                if best_left is None or left < best_left:
+                    best, best_left = seq, left
+        return best
+
+    def _cached_estimate(self, seq: Sequence) -> int:
+        sid = seq.req.session_id
+        entry = self.prefix_store.peek(sid) if (self.prefix_reuse and sid) else None
+        return common_prefix_len(entry.token_ids, seq.prompt_ids) if entry is not None else 0
+
+    def _free_slot(self) -> int:
+        used = {s.slot for s in self._rows} | {s.slot for s in self._prefilling}
+        return min(set(range(self.engine.max_batch_size)) - used)
+
+    def _join_rows(self, seq: Sequence) -> None:
+        """A fully prefilled request takes the next decode row (slot ``len(rows)``)."""
+        self._prefilling.remove(seq)
+        self._prefill_pos.pop(seq.request_id, None)
+        row = len(self._rows)
+        if seq.slot != row:
+            occupant = next((s for s in self._prefilling if s.slot == row), None)
+            if occupant is not None:
+                self.engine.swap(seq.slot, row)
+                occupant.slot = seq.slot
+            else:
+                self.engine.move(seq.slot, row)
+            seq.slot = row
+        self._rows.append(seq)
 
     def _restore_prefix(self, seq: Sequence, slot: int) -> int:
         """Load the longest still-matching prefix of the session's cached KV; returns its length."""
@@ -316,7 +441,9 @@ class ARScheduler(ThreadedScheduler):
             return 0
         entry = self.prefix_store.take(sid)
         if entry is None:
+            self.prefix_store.counters["misses"] += 1
             return 0
+        self.prefix_store.counters["hits"] += 1
         n = min(common_prefix_len(entry.token_ids, seq.prompt_ids), len(seq.prompt_ids) - 1)
         if n > 0:  # anything past n (an edited/truncated history) is simply not copied: the cache is cropped
             self.engine.load_kv(slot, entry.kv, n)
@@ -324,6 +451,9 @@ class ARScheduler(ThreadedScheduler):
         return max(n, 0)
 
     def _reap(self) -> None:
+        for seq in [s for s in self._prefilling if s.finished]:  # aborted mid-prefill
+            self._prefilling.remove(seq)
+            self._free(seq)
         if not any(s.finished for s in self._rows):
             return
         alive: list[Sequence] = []
@@ -331,19 +461,116 @@ class ARScheduler(ThreadedScheduler):
             if not seq.finished:
                 alive.append(seq)
                 continue
-            sid = seq.req.session_id
-            if self.prefix_reuse and sid and seq.finish_reason != "error":
-                fed = seq.fed_tokens(self.engine.lengths[seq.slot])
-                self.prefix_store.put(sid, fed, self.engine.export_kv(seq.slot, len(fed)))
-            self.engine.release(seq.slot)
-            self._live.pop(seq.request_id, None)
-            self._policies.pop(seq.request_id, None)
+            self._free(seq)
         holes = sorted(set(range(len(alive))) - {s.slot for s in alive})
         movers = [s for s in alive if s.slot >= len(alive)]
         for hole, seq in zip(holes, movers):
             self.engine.move(seq.slot, hole)
             seq.slot = hole
         self._rows = sorted(alive, key=lambda s: s.slot)
+
+    def _free(self, seq: Sequence) -> None:
+        """Release a finished request's slot, keeping its KV for the session's next turn unless the session
+        is closed (a dead session must not hold cache) or the request failed."""
+        sid = seq.req.session_id
+        kv_len = self.engine.lengths[seq.slot]
+        if self.prefix_reuse and sid and seq.finish_reason != "error" and sid not in self._closed and kv_len > 0:
+            fed = seq.fed_tokens(kv_len)
+            self.prefix_store.put(sid, fed, self.engine.export_kv(seq.slot, len(fed)))
+        self.engine.release(seq.slot)
+        self._live.pop(seq.request_id, None)
+        self._policies.pop(seq.request_id, None)
+        self._prefill_pos.pop(seq.request_id, None)
+
+    def _close_session(self, sid: str) -> None:
+        self._closed[sid] = None
+        self._closed.move_to_end(sid)
+        while len(self._closed) > _REMEMBER_CLOSED:
+            self._closed.popitem(last=False)
+        self.prefix_store.drop(sid)
+        self._trim.pop(sid, None)
+
+    # ------------------------------------------------------------------ history budget
+    def _prompt_budget(self, data: dict[str, Any], max_tokens: int) -> int:
+        """Prompt tokens allowed: the context minus room for the answer, or the payload's
+        ``max_prompt_tokens`` when smaller. The answer's room is capped at a quarter of the context so a
+        huge ``max_tokens`` shortens the answer rather than refusing every prompt."""
+        ctx = self.engine.max_seq_len - 1  # one position spare for the lookahead step
+        budget = ctx - min(max_tokens, ctx // 4)
+        asked = _num(data, "max_prompt_tokens", int, None, 1)
+        return budget if asked is None else min(budget, asked)
+
+    def _cost(self, m: dict[str, Any], budget: int) -> int:
+        """Tokens one message adds to the prompt; ``budget + 1`` (never fits) for text so long it cannot fit,
+        decided from its length alone: a token covers at most ``_max_token_chars`` characters."""
+        content = m.get("content") or ""
+        if not isinstance(content, str):
+            content = str(content)
+        if len(content) > (budget + 1) * self._max_token_chars:
+            return budget + 1
+        key = hash((m.get("role"), content))
+        cost = self._costs.get(key)
+        if cost is None:
+            cost = len(self.tokenizer(content, add_special_tokens=False)["input_ids"]) + _MSG_OVERHEAD_TOKENS
+            self._costs[key] = cost
+            if len(self._costs) > 4096:
+                self._costs.popitem(last=False)
+        return cost
+
+    def _fit_messages(
+        self, sid: str | None, messages: list[dict[str, Any]], budget: int, render: Any = None
+    ) -> list[int]:
+        """Token ids of the chat prompt, oldest history dropped until it fits ``budget``.
+
+        The drop point is remembered per session and only moved when the prompt no longer fits, then far
+        enough (to ``_TRIM_KEEP`` of the budget) that several turns fit before it moves again: between
+        moves the prompt's prefix — and the KV cached for it — stays the same."""
+        n_sys = 0
+        while n_sys < len(messages) - 1 and messages[n_sys].get("role") == "system":
+            n_sys += 1
+        head, rest = messages[:n_sys], messages[n_sys:]
+        fixed = sum(self._cost(m, budget) for m in head)
+        newest = self._cost(rest[-1], budget)
+        if fixed + newest > budget:
+            raise PromptTooLong(
+                f"the newest message and the instructions need about {fixed + newest} tokens; the thinker's "
+                f"context leaves {budget} for the prompt (max_seq_len={self.engine.max_seq_len} minus the answer)"
+            )
+        drop = 0
+        remembered = self._trim.get(sid) if sid else None
+        if remembered is not None and remembered[0] < len(rest) and _msg_key(rest[remembered[0]]) == remembered[1]:
+            drop = remembered[0]
+        # price the history newest first, stopping once it is over budget (old items are never tokenised)
+        total, keep_from, target = fixed, len(rest), budget
+        for i in range(len(rest) - 1, drop - 1, -1):
+            total += self._cost(rest[i], budget)
+            if total > budget:
+                break
+            keep_from = i
+        if keep_from > drop:  # does not fit from the remembered point: trim in one big step
+            total, keep_from, target = fixed, len(rest) - 1, int(budget * _TRIM_KEEP)
+            total += newest
+            for i in range(len(rest) - 2, -1, -1):
+                total += self._cost(rest[i], budget)
+                if total > max(target, fixed + newest):
+                    break
+                keep_from = i
+        while True:
+            keep_from = _turn_start(rest, keep_from)
+            kept = head + rest[keep_from:]
+            text = (render(kept) if render is not None
+                    else self.tokenizer.apply_chat_template(kept, add_generation_prompt=True, tokenize=False))
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            if len(ids) <= budget or keep_from >= len(rest) - 1:
+                break
+            keep_from += 1  # the estimate was short (template overhead): drop one more
+        if len(ids) > budget:
+            raise PromptTooLong(f"prompt of {len(ids)} tokens does not fit the budget of {budget} tokens")
+        if sid:
+            self._trim[sid] = (keep_from, _msg_key(rest[keep_from]))
+            if len(self._trim) > _REMEMBER_CLOSED:
+                self._trim.pop(next(iter(self._trim)))
+        return ids
 
     # ------------------------------------------------------------------ host work
     def _host_work(self, rows: list[Sequence], tokens: list[int]) -> None:
@@ -384,3 +611,24 @@ class ARScheduler(ThreadedScheduler):
         if policy is not None:
             out["text"] = policy.spoken
         return out
+
+
+def _msg_key(m: dict[str, Any]) -> int:
+    return hash((m.get("role"), m.get("content") if isinstance(m.get("content"), str) else str(m.get("content"))))
+
+
+def _turn_start(rest: list[dict[str, Any]], i: int) -> int:
+    """Move a cut forward to a user message, so kept history never opens with an orphan answer or tool
+    result (the newest message is always kept)."""
+    while i < len(rest) - 1 and rest[i].get("role") != "user":
+        i += 1
+    return i
+
+
+def _max_token_chars(tokenizer: Any) -> int:
+    """Longest vocabulary entry, in characters of its stored form (>= the text characters it covers), so
+    ``len(text) / this`` is a lower bound on the token count computed without tokenising."""
+    try:
+        return max(1, max(len(t) for t in tokenizer.get_vocab()))
+    except Exception:  # no tokenizer, or one without a vocabulary listing: a generous fixed bound
+        return 64

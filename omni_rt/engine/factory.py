@@ -52,6 +52,7 @@ def create_ar_scheduler(
     sampling: dict[str, Any] | None = None,
     answer_policy: dict[str, Any] | None = None,
     languages: list[str] | None = None,
+    prefill_chunk_tokens: int | None = None,
     **backend_kwargs: Any,
 ) -> ThreadedScheduler:
     """Build an AR scheduler (not started). ``model`` is ``"smollm2"`` (the packaged CPU thinker), a local
@@ -126,6 +127,7 @@ def create_ar_scheduler(
             batch_wait_ms=batch_wait_ms,
             batch_wait_when_idle=batch_wait_when_idle,
             **quality,
+            prefill_chunk_tokens=prefill_chunk_tokens,
         )
     if backend == "remote":
         from omni_rt.engine.remote import RemoteScheduler

@@ -43,11 +43,14 @@ class SlotKVCache:
         head_dim: int,
         capacity: int,
         max_capacity: int,
+        initial_slots: int | None = None,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
         self.max_capacity = max_capacity
-        shape = (num_layers, num_slots, num_kv_heads, capacity, head_dim)
+        self.num_slots = num_slots
+        # slots past ``initial_slots`` are allocated when first used (``ensure_capacity(.., slots=)``)
+        shape = (num_layers, initial_slots or num_slots, num_kv_heads, capacity, head_dim)
         # zeros, not empty: masked positions still enter SDPA's matmul with V, and 0 * NaN = NaN
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -67,20 +70,48 @@ class SlotKVCache:
         layers, _, heads, _, dim = self.k.shape
         return 2 * layers * heads * dim * self.k.element_size()
 
-    def ensure_capacity(self, needed: int) -> None:
-        """Grow (CPU path only; doubling, so rarely) — the GPU path preallocates ``max_capacity`` for graphs."""
-        if needed <= self.capacity:
+    @property
+    def allocated_slots(self) -> int:
+        return self.k.shape[1]
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def ensure_capacity(self, needed: int, slots: int = 0) -> None:
+        """Grow (CPU path only; doubling, so rarely) — the GPU path preallocates ``max_capacity`` for graphs.
+
+        ``slots``: how many leading slots must exist. Slots are allocated lazily too, so a long request
+        in one slot costs ``used slots x its length``, not ``max_batch_size x its length``."""
+        slots = min(max(slots, self.allocated_slots), self.num_slots)
+        if needed <= self.capacity and slots <= self.allocated_slots:
             return
         if needed > self.max_capacity:
             raise ValueError(f"sequence of {needed} tokens exceeds max_seq_len={self.max_capacity}")
-        new_cap = min(self.max_capacity, max(needed, 2 * self.capacity))
+        new_cap = self.capacity if needed <= self.capacity else min(self.max_capacity, max(needed, 2 * self.capacity))
+        self._resize(slots, new_cap)
+
+    def shrink(self, slots: int, needed: int, min_capacity: int) -> None:
+        """Give memory back once the long or many requests that grew the buffer have left (CPU path).
+
+        Only when it at least halves a dimension, so a buffer that is in use does not flap."""
+        cap = min_capacity
+        while cap < needed:
+            cap *= 2
+        cap = min(cap, self.max_capacity)
+        slots = max(1, slots)
+        if 2 * cap <= self.capacity or 2 * slots <= self.allocated_slots:
+            self._resize(min(slots, self.allocated_slots), min(max(cap, needed), self.capacity))
+
+    def _resize(self, slots: int, cap: int) -> None:
+        keep_s, keep_c = min(slots, self.allocated_slots), min(cap, self.capacity)
         for name in ("k", "v"):
             old = getattr(self, name)
             shape = list(old.shape)
-            shape[3] = new_cap
+            shape[1], shape[3] = slots, cap
             new = torch.zeros(shape, dtype=old.dtype, device=old.device)
-            new[:, :, :, : old.shape[3]] = old
+            new[:, :keep_s, :, :keep_c] = old[:, :keep_s, :, :keep_c]
             setattr(self, name, new)
+            del old
 
     # ---- set by the engine before each forward ----
     def for_decode(self, n: int, positions: torch.Tensor, view_len: int) -> None:
@@ -108,13 +139,22 @@ class SlotKVCache:
 
     # ---- slot bookkeeping ----
     def move(self, src: int, dst: int, n: int) -> None:
+        self.ensure_capacity(n, max(src, dst) + 1)
         self.k[:, dst, :, :n] = self.k[:, src, :, :n]
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
 
     def export(self, slot: int, n: int) -> KVBlob:
         return KVBlob(self.k[:, slot, :, :n].clone(), self.v[:, slot, :, :n].clone())
 
+    def swap(self, a: int, b: int, n: int) -> None:
+        """Exchange the first ``n`` positions of two slots (a finished prefill taking the next decode row)."""
+        self.ensure_capacity(n, max(a, b) + 1)
+        for t in (self.k, self.v):
+            tmp = t[:, a, :, :n].clone()
+            t[:, a, :, :n] = t[:, b, :, :n]
+            t[:, b, :, :n] = tmp
+
     def load(self, slot: int, blob: KVBlob, n: int) -> None:
-        self.ensure_capacity(n)
+        self.ensure_capacity(n, slot + 1)
         self.k[:, slot, :, :n] = blob.k[:, :, :n]
         self.v[:, slot, :, :n] = blob.v[:, :, :n]

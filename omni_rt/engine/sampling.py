@@ -162,6 +162,12 @@ class SlotSampler:
         self._h[dst] = self._h[src]
         self.release(src)
 
+    def swap(self, a: int, b: int) -> None:
+        """Exchange two slots' parameters and histories (the engine swapped their KV)."""
+        for t in (self.temperature, self.top_p, self.min_p, self.rep, self.freq, self.pres, self.top_k, self.ngram,
+                  self.seed, self.greedy, self.gen_len, self.counts, self.hist, self._h):
+            t[[a, b]] = t[[b, a]]
+
     # ------------------------------------------------------------ picking
     def select(self, logits: torch.Tensor, slots: slice | torch.Tensor) -> torch.Tensor:
         """``logits`` [B, V] for ``slots`` (a slice of B slots, or a [B] index tensor) -> token ids [B]

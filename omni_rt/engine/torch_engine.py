@@ -82,6 +82,7 @@ class TorchEngine:
             head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
             capacity=self.max_seq_len if self.static_kv else min(_CPU_INITIAL_CAPACITY, self.max_seq_len),
             max_capacity=self.max_seq_len,
+            initial_slots=None if self.static_kv else 1,
             dtype=self.dtype,
             device=self.device,
         )
@@ -162,28 +163,32 @@ class TorchEngine:
         params: SamplingParams,
         generator: object = None,
         mask: torch.Tensor | None = None,
+        sample_next: bool = True,
     ) -> int:
         """Compute KV for ``token_ids`` at positions ``start..`` of ``slot`` (``[:start]`` already there) and
         pick the next token, which becomes the slot's next decode input. ``mask`` [1, V] bool: allowed tokens
-        (a tool-call grammar). (``generator`` is unused: seeded randomness is per slot, see ``sampling``.)"""
+        (a tool-call grammar). ``sample_next=False`` is a chunk of a longer prompt (chunked prefill): no token
+        is picked; returns -1. (``generator`` is unused: seeded randomness is per slot, see ``sampling``.)"""
         end = start + len(token_ids)
         if end >= self.max_seq_len:
             raise ValueError(f"prompt of {end} tokens does not fit max_seq_len={self.max_seq_len}")
         if max(token_ids) >= self.vocab_size:
             raise ValueError(f"token id {max(token_ids)} out of the model's vocabulary ({self.vocab_size})")
-        self.kv.ensure_capacity(end)
+        self.kv.ensure_capacity(end, slot + 1)
         self.kv.for_prefill(slot, start)
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         pos = self._arange[start:end]
         allowed = self._arange[None, :end] <= pos[:, None]
         logits = self._forward(ids, pos[None], allowed[None, None])
+        self.pos[slot] = end
+        self.lengths[slot] = end
         self.sampler.assign(slot, params)
+        if not sample_next:
+            return -1
         if mask is not None:
             logits = logits.masked_fill(~mask, float("-inf"))
         tok = self.sampler.select(logits, slice(slot, slot + 1))
         self.tokens[slot] = tok[0]
-        self.pos[slot] = end
-        self.lengths[slot] = end
         return int(tok[0])
 
     @torch.inference_mode()
@@ -206,7 +211,7 @@ class TorchEngine:
                 logits = self._decode_forward(bucket, self.kv.capacity)[:n]
         else:
             view_len = max(self.lengths[:n]) + 1
-            self.kv.ensure_capacity(view_len)
+            self.kv.ensure_capacity(view_len, n)
             logits = self._decode_forward(n, view_len)
         if mask is not None:
             logits = logits.masked_fill(~mask, float("-inf"))
@@ -233,10 +238,27 @@ class TorchEngine:
         for slot in range(self.max_batch_size):
             self.release(slot)
 
+    @torch.inference_mode()
+    def swap(self, a: int, b: int) -> None:
+        """Exchange two slots' KV and decode state (a finished chunked prefill taking the next decode row)."""
+        self.kv.swap(a, b, max(self.lengths[a], self.lengths[b]))
+        for t in (self.tokens, self.pos):
+            t[a], t[b] = t[b].clone(), t[a].clone()
+        self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
+        self.sampler.swap(a, b)
+
     def release(self, slot: int) -> None:
+        """Free a slot; on the growable (CPU) path the buffer shrinks once what grew it has left."""
         self.lengths[slot] = 0
         self.pos[slot] = 0
         self.sampler.release(slot)
+        if not self.static_kv:
+            used = [i for i, n in enumerate(self.lengths) if n > 0]
+            self.kv.shrink(used[-1] + 1 if used else 1, max(self.lengths) + 1, _CPU_INITIAL_CAPACITY)
+
+    def kv_bytes(self) -> int:
+        """Bytes held by the slot KV buffer (what ``/debug/state`` reports as the engine's KV)."""
+        return self.kv.nbytes()
 
     @torch.inference_mode()
     def export_kv(self, slot: int, n: int) -> KVBlob:

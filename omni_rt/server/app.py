@@ -101,8 +101,10 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
         """Live per-request state of every stage (tests assert it returns to zero)."""
         if (refused := guarded(request)) is not None:
             return refused
+        cache = {name: state for name, st in runtime.coordinator.stages.items()
+                 if (state := st.scheduler.cache_state())}  # e.g. the thinker's prefix/KV accounting
         return JSONResponse({"live": runtime.live_state(), "total": runtime.coordinator.live_total(),
-                             "sessions": len(runtime.sessions)})
+                             "sessions": len(runtime.sessions), "cache": cache})
 
     @app.get("/")
     async def index() -> FileResponse:

@@ -8,7 +8,6 @@ from typing import Any
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.events import new_id
 
-MAX_HISTORY_ITEMS = 24  # the prompt keeps the newest items only; the CPU thinker has a small context
 
 
 @dataclass
@@ -169,7 +168,7 @@ class Conversation:
         """Chat messages for the thinker: instructions, then the newest items (empty messages skipped).
         Consecutive function calls become one assistant message with ``tool_calls``; outputs ``tool`` messages."""
         msgs: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
-        for it in items[-MAX_HISTORY_ITEMS:]:
+        for it in items:  # no count cap: the thinker trims the oldest turns by tokens to fit its context
             if it.type == "function_call":
                 call = {"id": it.call_id, "type": "function", "function": {"name": it.name, "arguments": it.arguments or "{}"}}
                 if msgs and msgs[-1]["role"] == "assistant" and "tool_calls" in msgs[-1]:

@@ -11,6 +11,7 @@ from typing import Any
 from omni_rt.audio import PIPELINE_OUTPUT_RATE
 from omni_rt.audio.formats import OutputEncoder
 from omni_rt.audio.pcm import pcm16_to_float
+from omni_rt.engine.answer_policy import response_answer_policy
 from omni_rt.realtime.errors import ProtocolError, error_event
 from omni_rt.realtime.events import new_id
 from omni_rt.realtime.session_config import SessionConfig
@@ -51,6 +52,9 @@ class ResponseLifecycle:
         cap = self.limits.max_response_tokens
         max_tokens = cap if cfg.max_output_tokens == "inf" else min(int(cfg.max_output_tokens), cap)
         payload: dict[str, Any] = {"messages": messages, "session_id": self.id if in_conversation else None, "max_tokens": max_tokens}
+        policy = response_answer_policy(cfg.max_output_tokens)
+        if policy is not None:  # the client asked for this many tokens: no sentence/word limit (cut at a boundary)
+            payload["answer_policy"] = policy
         if cfg.tools and cfg.tool_choice != "none":
             payload["tools"] = [dict(t) for t in cfg.tools]
             payload["tool_choice"] = cfg.tool_choice

@@ -50,7 +50,7 @@ class TurnTaking:
                        "audio_end_ms": ev.audio_end_ms, "item_id": turn.item_id})
         elif isinstance(ev, c.AsrError):
             event_id = None
-            if ev.code == "input_audio_buffer_commit_empty" and self.turns.commit_event_ids:
+            if ev.code in ("input_audio_buffer_commit_empty", "input_audio_buffer_commit_busy") and self.turns.commit_event_ids:
                 event_id = self.turns.commit_event_ids.popleft()
             self.send_error(ProtocolError(ev.code, ev.message), event_id)
         elif isinstance(ev, c.SessionExpired):

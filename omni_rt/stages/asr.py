@@ -23,6 +23,14 @@ are skipped, so a wrong guess does not delay the real turn's decode.
 end and the end of the last answer's playback (op ``response_done`` with the answer's ``audio_ms``), the stage
 emits ``timeout_triggered`` and commits the (silent) buffer as a turn.
 
+Fairness: decodes wait in a queue per session and the one worker takes them by start-time fair queuing
+across sessions (one job handed to it at a time), so a burst of commits from one session delays another
+session's decode by at most the one decode already running. A session may have ``max_queued_decodes``
+waiting; a commit beyond that is refused with ``input_audio_buffer_commit_busy`` and its audio stays in
+the buffer (nothing is lost: commit again once transcripts arrive). Every commit gets its own ``turn``
+number, carried by ``Committed`` and by the turn's ``TranscriptFinal``, so a session matches transcripts to
+turns by number, never by arrival.
+
 Session ops (``new_request`` data ``op``): ``open`` (params below), ``update`` (new params), ``commit``
 (end the turn now: manual turn taking), ``clear`` (drop buffered audio), ``response_done``. Appends are float32
 16 kHz arrays. Events out (``omni_rt.stages.contracts``, each tagged with its turn number): ``SpeechStarted``,
@@ -33,6 +41,7 @@ Session ops (``new_request`` data ``op``): ``open`` (params below), ``update`` (
 from __future__ import annotations
 
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -96,6 +105,7 @@ class AsrSessionScheduler(SessionScheduler):
         max_turn_s: float = 30.0,
         turn_model: Any = None,
         semantic_announce_lead_ms: int = 700,
+        max_queued_decodes: int = 16,
         **limits: Any,
     ) -> None:
         super().__init__(name="asr", **limits)
@@ -112,7 +122,14 @@ class AsrSessionScheduler(SessionScheduler):
                       "semantic_early_ends": 0, "stale_decodes_skipped": 0}
         self._decoder: ThreadPoolExecutor | None = None
         self._scorer: ThreadPoolExecutor | None = None
-        self._decodes_in_flight = 0
+        self._decodes_in_flight = 0  # queued + running, all sessions
+        self.max_queued_decodes = max_queued_decodes
+        self._jobs: dict[str, deque] = {}  # session -> (tag, seq, job) waiting for the worker
+        self._tags: dict[str, float] = {}  # session -> virtual start time of its next job (fair queuing)
+        self._vclock = 0.0
+        self._decoding_sid: str | None = None  # session whose decode the worker is running
+        self._seq = 0  # arrival order, breaks tag ties
+        self._worker_busy = False
 
     def start(self) -> None:
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-decode")
@@ -127,11 +144,43 @@ class AsrSessionScheduler(SessionScheduler):
 
     def _handle(self, msg: IncomingMessage) -> None:
         data = msg.data if msg.type == "new_request" else None
-        if isinstance(data, dict) and data.get("op") in ("_decoded", "_scored") and msg.request_id not in self.sessions:
-            if data["op"] == "_decoded":
+        op = data.get("op") if isinstance(data, dict) else None
+        if op == "_decoded":
+            self._worker_busy = False
+            self._decoding_sid = None
+        if op in ("_decoded", "_scored") and msg.request_id not in self.sessions:
+            if op == "_decoded":
                 self._decodes_in_flight -= 1  # the session closed while its decode ran: nothing to deliver
+        else:
+            super()._handle(msg)
+        if op == "_decoded":
+            self._pump()
+
+    def on_close(self, session: Session) -> None:
+        jobs = self._jobs.pop(session.session_id, None)
+        self._tags.pop(session.session_id, None)
+        if jobs:  # queued decodes of a closed session are never run
+            self._decodes_in_flight -= len(jobs)
+
+    def queued_decodes(self, session_id: str) -> int:
+        return len(self._jobs.get(session_id, ()))
+
+    def _pump(self) -> None:
+        """Hand the worker the next job: start-time fair queuing across sessions. Each job is tagged with
+        ``max(virtual clock, the session's previous tag)``; the smallest tag runs next and moves the clock.
+        A session that just had a decode waits behind one that has not, and a session arriving with nothing
+        queued starts at the clock (no credit saved up, no debt carried)."""
+        if self._worker_busy or self._decoder is None or not self._jobs:
             return
-        super()._handle(msg)
+        sid = min(self._jobs, key=lambda k: self._jobs[k][0][:2])
+        jobs = self._jobs[sid]
+        tag, _, job = jobs.popleft()
+        if not jobs:
+            del self._jobs[sid]
+        self._vclock = tag
+        self._decoding_sid = sid
+        self._worker_busy = True
+        self._decoder.submit(job)
 
     def turn_model(self) -> Any:
         """The Smart Turn model, loaded once; a missing model is a clear error naming the package and file."""
@@ -196,7 +245,12 @@ class AsrSessionScheduler(SessionScheduler):
                 "op": "_decoded", "kind": kind, "text": text, "error": error,
                 "asr_ms": round((time.perf_counter() - t0) * 1000, 1), **meta}))
 
-        self._decoder.submit(job)
+        backlogged = session_id in self._jobs or session_id == self._decoding_sid
+        tag = max(self._vclock, self._tags.get(session_id, 0.0)) if backlogged else self._vclock
+        self._tags[session_id] = tag + 1.0
+        self._seq += 1
+        self._jobs.setdefault(session_id, deque()).append((tag, self._seq, job))
+        self._pump()
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _new_vad(self, td: TurnDetection) -> Any:
@@ -279,6 +333,12 @@ class AsrSessionScheduler(SessionScheduler):
             if st.samples == 0:
                 raise SessionLimitError(
                     "input_audio_buffer_commit_empty", "buffer is empty: append audio before committing"
+                )
+            if self.queued_decodes(session.session_id) >= self.max_queued_decodes:
+                raise SessionLimitError(
+                    "input_audio_buffer_commit_busy",
+                    f"{self.max_queued_decodes} committed turns of this session are still waiting to be "
+                    "transcribed; the audio stays in the buffer: commit again after a transcript arrives",
                 )
             if st.vad.in_speech:
                 self.emit(session.session_id, "event", SpeechStopped(st.turn + 1, self._ms(st.stream_samples)))
@@ -485,6 +545,7 @@ def create_asr_stage(
     max_sessions: int = 64,
     max_buffered_bytes: int = 24000 * 2 * 120,
     idle_timeout_s: float = 600.0,
+    max_queued_decodes: int = 16,
 ) -> AsrSessionScheduler:
     """Factory for the pipeline config: the preset names the backend and model."""
     from omni_rt.backends.vad import SileroVadModel
@@ -508,6 +569,7 @@ def create_asr_stage(
         SileroVadModel(),
         speculative_after_ms=speculative_after_ms,
         partial_interval_ms=partial_interval_ms,
+        max_queued_decodes=max_queued_decodes,
         max_sessions=max_sessions,
         max_buffered_bytes=max_buffered_bytes,
         idle_timeout_s=idle_timeout_s,
