@@ -77,15 +77,19 @@ async def test_agents_sdk_function_tool_forced(live_server):
                     type="session.update", other_data={"session": {"type": "realtime", "tool_choice": "none"}})))
 
         await session.send_message("What is the weather in Paris?")
-        seen = []
-        async with asyncio.timeout(180):
-            async for event in session:
-                seen.append(event)
-                assert event.type != "error", event
-                await unforce(event)
-                if event.type == "agent_end" and any(e.type == "tool_end" for e in seen) and any(
-                        e.type == "audio" for e in seen[[e.type for e in seen].index("tool_end"):]):
-                    break
+        seen: list = []
+        try:
+            async with asyncio.timeout(120):
+                async for event in session:
+                    seen.append(event)
+                    assert event.type != "error", event
+                    await unforce(event)
+                    if event.type == "agent_end" and any(e.type == "tool_end" for e in seen) and any(
+                            e.type == "audio" for e in seen[[e.type for e in seen].index("tool_end"):]):
+                        break
+        except TimeoutError:
+            raise AssertionError(f"no spoken answer after the tool: {[e.type for e in seen if e.type != 'audio']}, "
+                                 f"calls {CALLS}, history {session._history}") from None
         assert CALLS and CALLS[0].strip(), CALLS
         tool_end = next(e for e in seen if e.type == "tool_end")
         assert "raining" in str(tool_end.output)

@@ -48,6 +48,13 @@ async def test_deep_json_and_lone_surrogates_get_errors_not_closes(live_server):
         assert (await until(ws, "session.updated"))["session"]["instructions"] == "still here"
 
 
+def test_close_reasons_fit_the_frame() -> None:
+    from omni_rt.transports.websocket import safe_reason
+
+    reason = safe_reason("origin not allowed: " + "ö" * 400 + "\x00")
+    assert len(reason.encode()) <= 123 and "\x00" not in reason
+
+
 def test_long_origin_is_not_echoed(live_server):
     async def go():
         async with websockets.connect(f"{live_server.ws_url}/v1/realtime", origin="http://" + "o" * 300 + ".example") as ws:

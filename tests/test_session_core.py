@@ -116,3 +116,51 @@ def test_barge_in_cancels_and_purges_queued_audio() -> None:
     assert [x.response_id for x in commands if isinstance(x, cmd.AbortResponse)] == [rid]
     s.receive_output(rid, "audio", c.PcmChunk(b"\x00\x01" * 2400, 2400))  # a late chunk of the aborted answer
     assert not drain(s)[0]
+
+
+def test_parallel_tool_calls_become_function_call_items() -> None:
+    s = opened()
+    s.receive_event({"type": "session.update", "session": {"type": "realtime", "tools": [
+        {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]}})
+    s.receive_event({"type": "response.create"})
+    events, commands = drain(s)
+    start = next(x for x in commands if isinstance(x, cmd.StartResponse))
+    assert start.payload["tools"][0]["name"] == "get_time" and start.payload["tool_choice"] == "auto"
+    rid = start.response_id
+    for index, city in ((0, "Paris"), (1, "Rome")):
+        s.receive_output(rid, "text", c.ToolCallDelta(index, f"call_{index}", "get_time", '{"city": '))
+    for index, city in ((0, "Paris"), (1, "Rome")):
+        s.receive_output(rid, "text", c.ToolCallDelta(index, f"call_{index}", "get_time", f'"{city}"}}'))
+        s.receive_output(rid, "text", c.ToolCallDone(index, f"call_{index}", "get_time", f'{{"city": "{city}"}}'))
+    s.receive_result(rid, {"prompt_tokens": 5, "completion_tokens": 9})
+    events, _ = drain(s)
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    calls = [o for o in done["output"] if o["type"] == "function_call"]
+    assert [(o["call_id"], o["arguments"]) for o in calls] == [("call_0", '{"city": "Paris"}'), ("call_1", '{"city": "Rome"}')]
+    arg_done = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert [e["output_index"] for e in arg_done] == [1, 2]
+    # the history the next answer sees: one assistant message with both calls, then each output
+    for i, out in enumerate(("09:00", "10:00")):
+        s.receive_event({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": f"call_{i}", "output": out}})
+    s.receive_event({"type": "response.create"})
+    start = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse))
+    msgs = start.payload["messages"]
+    assert [m["role"] for m in msgs[-3:]] == ["assistant", "tool", "tool"] and len(msgs[-3]["tool_calls"]) == 2
+
+
+def test_transcription_session_transcribes_and_never_answers() -> None:
+    s = RealtimeSession()
+    s.open()
+    s.receive_event({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+        "transcription": {"model": "gpt-4o-mini-transcribe"}}}}})
+    s.receive_asr(c.SpeechStarted(1, 0))
+    s.receive_asr(c.TranscriptSpeculative(1, "hello there", 100.0))
+    s.receive_asr(c.SpeechStopped(1, 800))
+    s.receive_asr(c.Committed(1, "vad", 800))
+    s.receive_asr(c.TranscriptFinal(1, "hello there", True, 0.0, 0.0, 800))
+    s.receive_event({"type": "response.create"})
+    events, commands = drain(s)
+    assert events[0]["session"]["type"] == "realtime" and any(e.get("session", {}).get("type") == "transcription" for e in events)
+    assert [e["transcript"] for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"] == ["hello there"]
+    assert not [x for x in commands if isinstance(x, cmd.StartResponse)]
+    assert [e["error"]["param"] for e in events if e["type"] == "error"] == ["type"]

@@ -43,7 +43,8 @@ def schema_error(schema: dict) -> str:
 
 
 def closed(schema: Any) -> Any:
-    """A copy where every object schema that does not say otherwise has ``additionalProperties: false``.
+    """A copy where every object schema that does not say otherwise has ``additionalProperties: false`` (and
+    every required, otherwise unbounded string ``minLength: 1``).
 
     As OpenAI's strict mode does: JSON Schema admits any extra key by default, and a small model under the
     grammar then fills its budget with invented keys (SmolLM2 echoed the schema itself as arguments)."""
@@ -57,6 +58,13 @@ def closed(schema: Any) -> Any:
             out[k] = {name: closed(sub) for name, sub in out[k].items()}
     if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
         out["additionalProperties"] = False
+    # a required string the schema does not bound gets at least one character: under a grammar a small model
+    # otherwise takes the shortest way out (SmolLM2 on llama.cpp called get_weather with city "")
+    props = out.get("properties") if isinstance(out.get("properties"), dict) else {}
+    for name in out.get("required") or ():
+        sub = props.get(name)
+        if isinstance(sub, dict) and sub.get("type") == "string" and not ({"minLength", "enum", "const", "pattern", "format"} & sub.keys()):
+            props[name] = {**sub, "minLength": 1}
     return out
 
 

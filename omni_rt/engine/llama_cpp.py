@@ -396,6 +396,17 @@ def _make_scheduler_class():
     from omni_rt.engine.tools import detect_format, render_prompt
 
     TOOL_OPEN, TOOL_CLOSE = "<tool_call>\n", "\n</tool_call>"  # the own tool format (omni_rt.engine.tools)
+    FORCED_CALL_MAX_TOKENS = 384
+
+    def without_prompt_penalties(body: dict[str, Any]) -> dict[str, Any]:
+        """llama.cpp's repeat/frequency/presence penalties count the prompt's tokens too, so the answer is pushed
+        off the question's own words: with repeat_penalty 1.2 SmolLM2 answered "What is the capital of France?"
+        in French and filled a forced call's "city" with 384 tokens of junk instead of "Paris" (one run each,
+        2026-12-01). The built-in engine's penalties count the answer only; here loops are bounded by the
+        voice answer policy instead."""
+        for key in ("repeat_penalty", "frequency_penalty", "presence_penalty"):
+            body.pop(key, None)
+        return body
 
     def forced_schema(req: GenRequest) -> dict[str, Any] | None:
         """For ``required`` / a named ``tool_choice``: the JSON schema of one call object, else None."""
@@ -443,7 +454,8 @@ def _make_scheduler_class():
 
         def request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
             if not self._own_tool_prompt(req):
-                return super().request(req)
+                path, body = super().request(req)
+                return path, without_prompt_penalties(body)
             text = render_prompt(self.tokenizer, req.messages, req.tools, req.tool_choice)
             forced = forced_schema(req)
             if forced is not None:
@@ -452,7 +464,9 @@ def _make_scheduler_class():
             body = request_body(dataclasses.replace(req, messages=None, prompt_ids=ids, tools=None), self.model, self.dialect)
             if forced is not None:
                 body["json_schema"] = forced  # llama-server decodes under the grammar it compiles from this
-            return "/completions", body
+                # a call's JSON is not a spoken answer: give it room (a cut call is no call at all)
+                body["max_tokens"] = max(body["max_tokens"], FORCED_CALL_MAX_TOKENS)
+            return "/completions", without_prompt_penalties(body)
 
         async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
             restarts, pid = self.server.restarts, self.server.proc.pid if self.server.proc else None
