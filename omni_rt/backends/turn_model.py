@@ -17,7 +17,8 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
+
+from omni_rt.backends.onnx import cpu_session
 
 SAMPLE_RATE = 16000
 WINDOW_S = 8
@@ -52,13 +53,8 @@ class SmartTurnModel:
         self.path = Path(path) if path is not None else smart_turn_onnx_path()
         if not self.path.is_file():
             raise FileNotFoundError(f"Smart Turn model file not found at {self.path} (package '{PACKAGE}')")
-        opts = ort.SessionOptions()
         # one thread: the ASR decode worker already uses the other core; a second would only contend
-        opts.intra_op_num_threads = intra_op_threads
-        opts.inter_op_num_threads = 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.log_severity_level = 3
-        self.session = ort.InferenceSession(str(self.path), sess_options=opts, providers=["CPUExecutionProvider"])
+        self.session = cpu_session(self.path, intra_op_threads)
         self.input_name = self.session.get_inputs()[0].name
         # faster-whisper's extractor is numpy-only and is already a dependency (the ASR backend)
         self._features = FeatureExtractor(feature_size=80, sampling_rate=SAMPLE_RATE, chunk_length=WINDOW_S)

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import onnxruntime as ort
+
+from omni_rt.backends.onnx import cpu_session
 
 _STATE_SHAPE = (2, 1, 128)
 
@@ -37,12 +38,7 @@ class SileroVadModel:
         self.path = Path(path) if path is not None else silero_onnx_path()
         if not self.path.is_file():
             raise FileNotFoundError(f"Silero VAD model not found at {self.path}")
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = intra_op_threads
-        opts.inter_op_num_threads = 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.log_severity_level = 3
-        self.session = ort.InferenceSession(str(self.path), sess_options=opts, providers=["CPUExecutionProvider"])
+        self.session = cpu_session(self.path, intra_op_threads)
 
     @staticmethod
     def frame_size(sample_rate: int) -> int:

@@ -75,6 +75,15 @@ def _lit(text: str) -> str:
     return json.dumps(text)  # a Lark string literal: JSON escapes
 
 
+def forced_tools(tools: list[dict], tool_choice: Any) -> list[dict]:
+    """The tools a forced ``tool_choice`` allows: the named one, or all of them for ``required``."""
+    if isinstance(tool_choice, dict):
+        tools = [t for t in tools if t["name"] == tool_choice["name"]]
+    if not tools:
+        raise ValueError("tool_choice forces a call but no tool is offered")
+    return tools
+
+
 def call_grammar(fmt: str, tools: list[dict], tool_choice: Any, parallel: bool = False) -> str:
     """A Lark grammar for the whole answer: one call (of the named function, or of any tool for
     ``required``), or with ``parallel`` (``required`` only) 1..8 calls. One by default: a greedy small model
@@ -83,10 +92,7 @@ def call_grammar(fmt: str, tools: list[dict], tool_choice: Any, parallel: bool =
     ``fmt`` is the parser format (``hermes``/``own`` blocks, ``llama3`` bare JSON objects); names go first so
     the parser can stream the arguments.
     """
-    if isinstance(tool_choice, dict):
-        tools = [t for t in tools if t["name"] == tool_choice["name"]]
-    if not tools:
-        raise ValueError("tool_choice forces a call but no tool is offered")
+    tools = forced_tools(tools, tool_choice)
     key = "parameters" if fmt == "llama3" else "arguments"
     rules = []
     for i, t in enumerate(tools):

@@ -390,7 +390,7 @@ def _make_scheduler_class():
     import dataclasses
 
     from omni_rt.engine.async_stream import Delta, UpstreamError
-    from omni_rt.engine.constrained import closed
+    from omni_rt.engine.constrained import closed, forced_tools
     from omni_rt.engine.remote import RemoteScheduler, request_body
     from omni_rt.engine.request import GenRequest
     from omni_rt.engine.tools import detect_format, render_prompt
@@ -398,25 +398,14 @@ def _make_scheduler_class():
     TOOL_OPEN, TOOL_CLOSE = "<tool_call>\n", "\n</tool_call>"  # the own tool format (omni_rt.engine.tools)
     FORCED_CALL_MAX_TOKENS = 384
 
-    def without_prompt_penalties(body: dict[str, Any]) -> dict[str, Any]:
-        """llama.cpp's repeat/frequency/presence penalties count the prompt's tokens too, so the answer is pushed
-        off the question's own words: with repeat_penalty 1.2 SmolLM2 answered "What is the capital of France?"
-        in French and filled a forced call's "city" with 384 tokens of junk instead of "Paris" (one run each,
-        2026-12-01). The built-in engine's penalties count the answer only; here loops are bounded by the
-        voice answer policy instead."""
-        for key in ("repeat_penalty", "frequency_penalty", "presence_penalty"):
-            body.pop(key, None)
-        return body
-
     def forced_schema(req: GenRequest) -> dict[str, Any] | None:
         """For ``required`` / a named ``tool_choice``: the JSON schema of one call object, else None."""
-        choice = req.tool_choice
-        if not req.tools or choice in (None, "auto", "none"):
+        if not req.tools or req.tool_choice in (None, "auto", "none"):
             return None
-        tools = [t for t in req.tools if not isinstance(choice, dict) or t["name"] == choice["name"]]
         options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                     "properties": {"name": {"const": t["name"]},
-                                   "arguments": closed(t.get("parameters") or {"type": "object"})}} for t in tools]
+                                   "arguments": closed(t.get("parameters") or {"type": "object"})}}
+                   for t in forced_tools(req.tools, req.tool_choice)]
         return options[0] if len(options) == 1 else {"anyOf": options}
 
     class LlamaCppScheduler(RemoteScheduler):
@@ -454,8 +443,7 @@ def _make_scheduler_class():
 
         def request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
             if not self._own_tool_prompt(req):
-                path, body = super().request(req)
-                return path, without_prompt_penalties(body)
+                return super().request(req)
             text = render_prompt(self.tokenizer, req.messages, req.tools, req.tool_choice)
             forced = forced_schema(req)
             if forced is not None:
@@ -466,7 +454,7 @@ def _make_scheduler_class():
                 body["json_schema"] = forced  # llama-server decodes under the grammar it compiles from this
                 # a call's JSON is not a spoken answer: give it room (a cut call is no call at all)
                 body["max_tokens"] = max(body["max_tokens"], FORCED_CALL_MAX_TOKENS)
-            return "/completions", without_prompt_penalties(body)
+            return "/completions", body
 
         async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
             restarts, pid = self.server.restarts, self.server.proc.pid if self.server.proc else None

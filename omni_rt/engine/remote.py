@@ -33,16 +33,21 @@ Dialect = Literal["openai", "llama.cpp"]
 
 def _penalty_fields(s: SamplingParams, dialect: Dialect) -> dict[str, Any]:
     """Repetition controls in the upstream's own names, only when set (an OpenAI endpoint refuses unknown
-    keys; SGLang/vLLM and llama.cpp accept their extensions). llama.cpp's ``repeat_penalty`` looks back
-    over its last ``repeat_last_n`` tokens (prompt included), ours over the answer only; no upstream has
-    ``no_repeat_ngram_size``, so it is not sent (the answer policy still bounds the answer)."""
+    keys; SGLang/vLLM accept their extensions). No upstream has ``no_repeat_ngram_size``, so it is not sent
+    (the answer policy still bounds the answer).
+
+    llama.cpp gets none of the repetition/frequency/presence penalties: its penalties count the prompt's tokens
+    too (ours count the answer only), which pushes the answer off the question's own words. With repeat_penalty
+    1.2 SmolLM2 answered "What is the capital of France?" in French and filled a forced call's "city" with 384
+    tokens of junk instead of "Paris" (one run each, 2026-12-01)."""
     out: dict[str, Any] = {}
-    if s.repetition_penalty != 1.0:
-        out["repeat_penalty" if dialect == "llama.cpp" else "repetition_penalty"] = s.repetition_penalty
-    if s.frequency_penalty:
-        out["frequency_penalty"] = s.frequency_penalty
-    if s.presence_penalty:
-        out["presence_penalty"] = s.presence_penalty
+    if dialect != "llama.cpp":
+        if s.repetition_penalty != 1.0:
+            out["repetition_penalty"] = s.repetition_penalty
+        if s.frequency_penalty:
+            out["frequency_penalty"] = s.frequency_penalty
+        if s.presence_penalty:
+            out["presence_penalty"] = s.presence_penalty
     if s.min_p > 0:
         out["min_p"] = s.min_p
     return out

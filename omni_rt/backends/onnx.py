@@ -1,0 +1,20 @@
+"""One way to open an ONNX model on CPU for the small per-session models (Silero VAD, Smart Turn).
+
+Few threads and no spinning: on a 2-core box these run beside Whisper, Piper and the thinker, and an
+onnxruntime pool spinning on a busy core costs more than its parallelism gains.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnxruntime as ort
+
+
+def cpu_session(path: str | Path, intra_op_threads: int = 1) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = intra_op_threads
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
