@@ -224,9 +224,10 @@ def _for_own(messages: list[dict], tools: list[dict] | None) -> list[dict]:
             ]
             out.append({"role": "assistant", "content": "\n".join(filter(None, [m["content"], *blocks]))})
         elif m["role"] == "tool":
-            # the small models this prompt serves use a result far more often when told to (measured with
-            # SmolLM2-135M: without the last line it answered from its own knowledge)
-            out.append({"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>\n"
+            # plain words, no markup: SmolLM2-135M read a <tool_response> block back as its answer, tags and all
+            # (spoken aloud); and it uses a result far more often when told to (without the last sentence it
+            # answered from its own knowledge)
+            out.append({"role": "user", "content": f"The tool returned: {m['content']}\n"
                                                    "Answer my question using this tool result."})
         else:
             out.append({"role": m["role"], "content": m["content"]})
