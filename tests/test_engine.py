@@ -15,6 +15,7 @@ from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.kv_cache import KVBlob
 from omni_rt.engine.prefix_cache import PrefixStore
 from omni_rt.engine.testing import build_tiny_model, collect, send, wait_until
+from omni_rt.stages.contracts import TokenDelta
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], list(range(100, 112)), [50] * 20]
 MAX_TOKENS = [12, 20, 8, 16]
@@ -376,7 +377,8 @@ def test_smollm2_thinker_answers_paris(smollm2_dir):
         assert res["finish_reason"] == "stop"
         assert "".join(c.text for c in out["q1"]["stream"]) == res["text"]
         assert out["q1tok"]["result"]["text"] == "" and len(out["q1tok"]["result"]["token_ids"]) == 4
-        assert all(c.text == "" for c in out["q1tok"]["stream"])
+        assert [t for c in out["q1tok"]["stream"] for t in c.token_ids] == out["q1tok"]["result"]["token_ids"]
+        assert all(isinstance(c, TokenDelta) for c in out["q1tok"]["stream"]), "tokens mode streams no text"
 
         # next turn: only the new part of the conversation is prefilled
         msgs2 = msgs + [{"role": "assistant", "content": res["text"]}, {"role": "user", "content": "And Germany?"}]

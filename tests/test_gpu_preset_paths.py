@@ -1,5 +1,7 @@
-"""The GPU preset's code paths on CPU: tiny random-init Whisper, Qwen2 thinker, Llama codec talker and a
-random SNAC, built from configs, saved, and loaded back through the same factories the gpu preset names."""
+"""The GPU preset's code paths on CPU: tiny random-init Whisper, Qwen2 thinker, Llama codec LM and a random
+SNAC, built from configs, saved, and loaded back through the same factories the gpu preset names. Also the codec
+talker's two stages on their own: clause prompts (token budget from the words, Orpheus start tokens) and the
+codec LM as a plain AR stage running a response's prompts in order (streamed requests)."""
 
 from __future__ import annotations
 
@@ -56,8 +58,8 @@ def gpu_like_config(root) -> PipelineConfig:
     args = {
         "asr": {"model": str(root / "whisper"), "device": "cpu"},
         "thinker": {"model": str(root / "thinker"), "device": "cpu", "dtype": "float32", "max_batch_size": 4},
-        "talker": {"model": str(root / "talker"), "device": "cpu", "dtype": "float32", "max_batch_size": 4,
-                   "max_tokens_per_clause": 7 * 6, "ignore_eos": True, "temperature": 1.0},
+        "talker": {"tokenizer": str(root / "talker"), "max_tokens_per_clause": 7 * 6, "ignore_eos": True, "temperature": 1.0},
+        "codec_lm": {"model": str(root / "talker"), "device": "cpu", "dtype": "float32", "max_batch_size": 4},
         "vocoder": {"model": None, "random_init": True, "device": "cpu"},
     }
     for st in data["stages"]:
@@ -67,8 +69,9 @@ def gpu_like_config(root) -> PipelineConfig:
 
 def test_gpu_preset_loads_and_names_its_models():
     cfg = load_preset("gpu")
-    assert [s.name for s in cfg.stages] == ["asr", "thinker", "talker", "vocoder"]
-    assert cfg.stage("talker").factory.endswith("create_codec_talker")
+    assert [s.name for s in cfg.stages] == ["asr", "thinker", "talker", "codec_lm", "vocoder"]
+    assert cfg.stage("talker").factory.endswith("create_speech_prompts")
+    assert cfg.stage("codec_lm").factory.endswith("create_ar_scheduler")  # a normal AR stage, no nested scheduler
 
 
 async def test_gpu_preset_paths_on_cpu(tiny_models, speech_samples):
@@ -105,6 +108,10 @@ async def test_gpu_preset_paths_on_cpu(tiny_models, speech_samples):
                     result = item.data
         assert result is not None and result["completion_tokens"] == 16
         assert result["frames"] > 0
+        # every clause was its own codec request, each cut at the (capped) budget of 6 frames; a random model
+        # also samples a few non-code tokens, which the vocoder skips (at most 6 whole frames per clause)
+        assert result["segments"] == len(result["spoken_clauses"]) >= 2
+        assert result["segment_tokens"] == 7 * 6 * result["segments"] and result["frames"] <= 6 * result["segments"]
         total = sum(len(a) for a in audio_chunks)
         assert total == result["output_samples"] == result["frames"] * 2048
         assert len(audio_chunks) >= 2, "SNAC audio should stream in several chunks"
@@ -112,3 +119,109 @@ async def test_gpu_preset_paths_on_cpu(tiny_models, speech_samples):
         assert coord.live_total() == 0
     finally:
         await coord.stop()
+
+
+# ---- the codec talker's two stages on their own -------------------------------------------------------
+def test_clause_budget_covers_slow_speech():
+    """No mid-word cut: a clause's budget is whole frames for it spoken at 80 words/min or 8 chars/s (slower
+    than any Orpheus voice), so the old 48-frame cap (4 s, cutting 24-word clauses) is gone."""
+    from omni_rt.stages.speech_prompts import FRAMES_PER_SECOND, clause_token_budget
+
+    for clause in ["Yes.", "The capital of France is Paris.", "Internationalization considerations notwithstanding,",
+                   " ".join(["word"] * 24), "Call 555 0134 or 1-800-275-2273 before 12:45."]:
+        budget = clause_token_budget(clause)
+        seconds = budget / 7 / FRAMES_PER_SECOND
+        assert budget % 7 == 0, clause
+        assert seconds >= 0.75 * len(clause.split()) and seconds >= len(clause) / 8, (clause, seconds)
+    assert clause_token_budget(" ".join(["word"] * 24)) > 7 * 48 * 4
+
+
+def test_speech_prompts_are_orpheus_prompts_with_start_tokens(tiny_models):
+    from omni_rt.core.messages import IncomingMessage
+    from omni_rt.stages.contracts import SpeechPrompt, TextDelta
+    from omni_rt.stages.speech_prompts import (END_OF_HUMAN, END_OF_SPEECH, START_OF_AI, START_OF_HUMAN, START_OF_SPEECH,
+                                               clause_token_budget, create_speech_prompts)
+
+    sched = create_speech_prompts(str(tiny_models / "talker"))
+    sched.set_stream_sources(["thinker"])
+    sched.start()
+    try:
+        answer = "Sure thing, the capital of France is Paris, which sits on the Seine. It is lovely in spring."
+        for i in range(0, len(answer), 7):
+            sched.inbox.put(IncomingMessage("r", "stream_chunk", TextDelta(answer[i:i + 7]), "thinker"))
+        sched.inbox.put(IncomingMessage("r", "stream_done", None, "thinker"))
+        sched.inbox.put(IncomingMessage("r", "new_request", {"text": answer}, "thinker"))
+        prompts, result = [], None
+        while result is None:
+            msg = sched.outbox.get(timeout=30)
+            if msg.type == "stream":
+                prompts.append(msg.data)
+            else:
+                result = msg.data
+    finally:
+        sched.stop()
+    assert len(prompts) >= 2 and all(isinstance(p, SpeechPrompt) for p in prompts)
+    assert " ".join(p.text for p in prompts).split() == answer.split(), "every word is spoken once, in order"
+    assert result["spoken_clauses"] == [p.text for p in prompts]
+    for p in prompts:
+        ids = p.request["prompt_ids"]
+        assert ids[0] == START_OF_HUMAN and ids[-3:] == [END_OF_HUMAN, START_OF_AI, START_OF_SPEECH]
+        assert p.request["max_tokens"] == clause_token_budget(p.text)
+        assert p.request["stop_token_ids"] == [END_OF_SPEECH] and p.request["output"] == "tokens"
+        assert p.request["repetition_penalty"] == 1.1
+
+
+def _prompt(n: int, first: int) -> "SpeechPrompt":
+    from omni_rt.stages.contracts import SpeechPrompt
+
+    return SpeechPrompt(f"clause {first}", {"prompt_ids": [128259, first, first + 1, 128260], "output": "tokens",
+                                            "max_tokens": n, "ignore_eos": True})
+
+
+def test_codec_lm_runs_a_responses_prompts_in_order(tiny_models):
+    """The codec LM is a plain AR scheduler: stream chunks are prompts, generated one after another under the
+    response's id (segment numbers in order), batched with another response's; the result comes after the last
+    segment, the payload's keys kept; abort mid-stream and a bad chunk each end only their own response."""
+    from omni_rt.core.messages import IncomingMessage
+    from omni_rt.engine.factory import create_ar_scheduler
+    from omni_rt.stages.contracts import TokenDelta
+
+    sched = create_ar_scheduler(str(tiny_models / "talker"), dtype="float32", max_batch_size=4, name="codec_lm",
+                                prefix_reuse=False)
+    sched.set_stream_sources(["talker"])
+    sched.start()
+    put = sched.inbox.put
+    try:
+        for rid in ("a", "b"):
+            for k in range(3):
+                put(IncomingMessage(rid, "stream_chunk", _prompt(7 * (k + 1), 100 + k), "talker"))
+        put(IncomingMessage("a", "new_request", {"text": "three clauses", "completion_tokens": 16}, "talker"))
+        put(IncomingMessage("a", "stream_done", None, "talker"))
+        put(IncomingMessage("c", "stream_chunk", "not a prompt", "talker"))
+        got: dict[str, list] = {"a": [], "b": []}
+        results, errors = {}, {}
+        while "a" not in results or "c" not in errors or sum(len(d.token_ids) for d in got["b"]) < 7 * 3:
+            msg = sched.outbox.get(timeout=60)
+            if msg.type == "stream":
+                got[msg.request_id].append(msg.data)
+            elif msg.type == "result":
+                results[msg.request_id] = msg.data
+            else:
+                errors[msg.request_id] = msg.data
+        put(IncomingMessage("b", "abort"))  # b is on its last segment and never got its payload
+        assert all(isinstance(d, TokenDelta) for d in got["a"])
+        assert [d.segment for d in got["a"]] == sorted(d.segment for d in got["a"])
+        per_segment = [sum(len(d.token_ids) for d in got["a"] if d.segment == k) for k in range(3)]
+        assert per_segment == [7, 14, 21]
+        res = results["a"]
+        assert res["segments"] == 3 and res["segment_tokens"] == 42
+        assert res["completion_tokens"] == 16 and res["text"] == "three clauses", "the thinker's usage survives"
+        assert "SpeechPrompt" in errors["c"]
+        import time
+
+        deadline = time.monotonic() + 10
+        while sched.live_state() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sched.live_state() == 0, "aborted and failed responses hold nothing"
+    finally:
+        sched.stop()

@@ -339,3 +339,31 @@ class SnacStreamingDecoder:
         del self._rows[: keep_from - self._base]
         self._base = keep_from
         return out
+
+
+class OrpheusFrameAssembler:
+    """Regroups a codec LM's token stream into whole SNAC frames, per response.
+
+    Tokens outside the audio-code range (specials) are skipped; a code in the wrong slot of its frame is clamped
+    (a trained model rarely does it, a random one often). A new ``segment`` (the next clause's prompt) drops an
+    unfinished frame of the previous one, so one clause cut mid-frame cannot shift every later frame."""
+
+    def __init__(self, code_offset: int = ORPHEUS_CODE_OFFSET) -> None:
+        self.code_offset = code_offset
+        self.pending: list[int] = []
+        self.segment = 0
+        self.frames = 0
+
+    def push(self, token_ids: Iterable[int], segment: int = 0) -> np.ndarray:
+        """New tokens -> the frames they complete, int64 ``(n, 7)`` (``n`` may be 0)."""
+        if segment != self.segment:
+            self.segment, self.pending = segment, []
+        top = CODES_PER_FRAME * CODEBOOK_SIZE
+        self.pending.extend(t for t in token_ids if 0 <= t - self.code_offset < top)
+        whole = len(self.pending) // CODES_PER_FRAME * CODES_PER_FRAME
+        toks = np.asarray(self.pending[:whole], dtype=np.int64).reshape(-1, CODES_PER_FRAME)
+        self.pending = self.pending[whole:]
+        position = np.arange(CODES_PER_FRAME) * CODEBOOK_SIZE
+        frames = np.clip(toks - self.code_offset - position, 0, CODEBOOK_SIZE - 1)
+        self.frames += len(frames)
+        return frames

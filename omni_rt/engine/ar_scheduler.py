@@ -23,6 +23,10 @@ the oldest turns dropped, in big steps remembered per session so the kept prefix
 the same for several turns. Each message is priced (length first, then tokens, newest first) before the whole
 prompt is tokenised, so a huge item never costs the thinker thread more than a length check.
 
+As a ``stream_to`` target (the codec LM after ``omni_rt.stages.speech_prompts``) each stream chunk is a
+``SpeechPrompt``: a request of its own, run in order per response and batched with everything else
+(``omni_rt.engine.segments``); the tokens of ``output: tokens`` requests leave as ``TokenDelta``.
+
 ``session_close`` (a closed WebSocket) drops the session's stored prefix and makes any request of that
 session still in flight skip storing its KV when it ends, so a dead session never holds cache.
 """
@@ -43,10 +47,11 @@ from omni_rt.engine.detokenize import TextStream
 from omni_rt.engine.language import check_languages, steer_messages, vocab_bias
 from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
 from omni_rt.engine.request import _num, parse_answer_policy, parse_request, parse_sampling
+from omni_rt.engine.segments import SegmentedRequests
 from omni_rt.engine.sequence import Sequence
 from omni_rt.engine.tools import ToolStream, detect_format, render_prompt
 from omni_rt.engine.torch_engine import TorchEngine
-from omni_rt.stages.contracts import TextDelta
+from omni_rt.stages.contracts import SpeechPrompt, TextDelta, TokenDelta
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +65,8 @@ class PromptTooLong(ValueError):
 
 
 class ARScheduler(ThreadedScheduler):
+    accepts_streams = True  # stream chunks are SpeechPrompts, each generated as a segment (engine/segments.py)
+
     def __init__(
         self,
         engine: TorchEngine,
@@ -130,9 +137,11 @@ class ARScheduler(ThreadedScheduler):
         self._trim: dict[str, tuple[int, int]] = {}  # session -> (history messages dropped, key of first kept)
         self._costs: OrderedDict[int, int] = OrderedDict()  # message key -> its token cost (bounded memo)
         self._max_token_chars = _max_token_chars(tokenizer)
+        self.stream_sources: list[str] = []
+        self._segments = SegmentedRequests()
 
     def live_state(self) -> int:
-        return len(self._live)
+        return len(self._live) + len(self._segments)
 
     def cache_state(self) -> dict[str, int]:
         """Cache accounting for ``/debug/state`` and ``/metrics``; ``closed_session_prefixes`` must stay 0.
@@ -193,6 +202,9 @@ class ARScheduler(ThreadedScheduler):
         for rid, seq in list(self._live.items()):
             if not seq.finished:
                 self.emit_error(rid, exc, code=code)
+        for owner in list(self._segments.open):  # streamed requests with no segment running
+            self._segments.drop(owner)
+            self.emit_error(owner, exc, code=code)
         self._live.clear()
         self._policies.clear()
         self._waiting.clear()
@@ -260,37 +272,89 @@ class ARScheduler(ThreadedScheduler):
 
     def _handle(self, msg: IncomingMessage) -> None:
         rid = msg.request_id
-        if msg.type == "new_request":
-            if rid in self._live:
-                self.emit_error(rid, f"request id {rid!r} is already running", code="duplicate_request")
+        if msg.type == "new_request" and msg.source in self.stream_sources:
+            st = self._segments.state(rid)  # the payload of a request fed by a stream: it generates nothing itself
+            st.payload, st.has_payload = msg.data, True
+            self._complete_streamed(rid)
+        elif msg.type == "new_request":
+            self._new_request(rid, msg.data)
+        elif msg.type == "stream_chunk":
+            if not isinstance(msg.data, SpeechPrompt):
+                self.emit_error(rid, f"stream chunks into an AR stage must be SpeechPrompt, got {type(msg.data).__name__}",
+                                code="bad_request")
                 return
             try:
-                seq = self._make_sequence(rid, msg.data)
-            except PromptTooLong as exc:
-                self.emit_error(rid, exc, code="context_length_exceeded")
-                return
-            except Exception as exc:
+                self._segments.add(rid, msg.data.request)
+            except ValueError as exc:
+                self._segments.drop(rid)
                 self.emit_error(rid, exc, code="bad_request")
                 return
-            self._live[rid] = seq
-            self._waiting.append(seq)
+            self._start_segment(rid)
+        elif msg.type == "stream_done":
+            self._segments.state(rid).done_sources.add(msg.source or "")
+            self._complete_streamed(rid)
         elif msg.type == "session_close":
             self._close_session(rid)
         elif msg.type == "abort":
-            seq = self._live.get(rid)
-            if seq is None or seq.finished:
-                return
-            seq.finish_reason = "abort"
-            if seq in self._waiting:
-                self._waiting.remove(seq)
-                del self._live[rid]
-            self.emit(rid, "result", self._result(seq))  # a running one frees its slot at the next reap
-            if rid not in self._live:
-                self._policies.pop(rid, None)
+            inner = self._segments.drop(rid) if rid in self._segments.open else None
+            self._abort(inner or rid)
         else:
-            self.emit_error(
-                rid, f"{msg.type} is not accepted: send the whole prompt as new_request", code="unsupported"
-            )
+            self.emit_error(rid, f"{msg.type} is not accepted by an AR stage", code="unsupported")
+
+    def _new_request(self, rid: str, data: Any) -> None:
+        if rid in self._live:
+            self.emit_error(rid, f"request id {rid!r} is already running", code="duplicate_request")
+            return
+        try:
+            seq = self._make_sequence(rid, data)
+        except PromptTooLong as exc:
+            self.emit_error(rid, exc, code="context_length_exceeded")
+            return
+        except Exception as exc:
+            self.emit_error(rid, exc, code="bad_request")
+            return
+        self._live[rid] = seq
+        self._waiting.append(seq)
+
+    def _abort(self, rid: str) -> None:
+        seq = self._live.get(rid)
+        if seq is None or seq.finished:
+            return
+        seq.finish_reason = "abort"
+        if seq in self._waiting:
+            self._waiting.remove(seq)
+            del self._live[rid]
+        self.emit(rid, "result", self._result(seq))  # a running one frees its slot at the next reap
+        if rid not in self._live:
+            self._policies.pop(rid, None)
+
+    # ------------------------------------------------------------------ streamed requests (segments)
+    def _start_segment(self, owner: str) -> None:
+        nxt = self._segments.next_segment(owner)
+        if nxt is not None:
+            self._new_request(*nxt)
+
+    def _complete_streamed(self, owner: str) -> None:
+        result = self._segments.complete(owner, set(self.stream_sources))
+        if result is not None:
+            super().emit(owner, "result", result)
+
+    def emit(self, request_id: str, type_: str, data=None, **metadata) -> None:
+        """A segment's outputs leave under its owner's id; its result starts the owner's next segment instead."""
+        owner = self._segments.owner.get(request_id)
+        if owner is None:
+            super().emit(request_id, type_, data, **metadata)
+        elif type_ == "stream":
+            if isinstance(data, TokenDelta):
+                data.segment = self._segments.open[owner].count - 1  # the running one is the latest started
+            super().emit(owner, type_, data, **metadata)
+        elif type_ == "result":
+            self._segments.segment_done(request_id, int(data.get("completion_tokens", 0)))
+            self._start_segment(owner)
+            self._complete_streamed(owner)
+        else:  # an error of one segment fails the whole response
+            self._segments.drop(owner)
+            super().emit(owner, type_, data, **metadata)
 
     def close_session(self, session_id: str) -> None:
         self.inbox.put(IncomingMessage(session_id, "session_close"))
@@ -587,6 +651,12 @@ class ARScheduler(ThreadedScheduler):
             return
         # tool calls are split out of the text first (the talker only sees TextDelta); the voice answer policy
         # then decides what of the spoken text leaves the thinker, and when the answer stops
+        if seq.req.output == "tokens":
+            if ids:
+                self.emit(seq.request_id, "stream", TokenDelta(ids))
+            if seq.finished:
+                self.emit(seq.request_id, "result", self._result(seq))
+            return
         chunks = seq.tools.chunks(text, ids, final=seq.finished) if seq.tools is not None else [TextDelta(text, ids)]
         policy = self._policies.get(seq.request_id)
         if policy is not None:

@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from omni_rt.core.messages import IncomingMessage, OutgoingMessage
-from omni_rt.stages.contracts import ToolCallDelta, ToolCallDone
+from omni_rt.stages.contracts import ToolCallDelta, ToolCallDone, text_of
 
 
 class _Bridge:
@@ -264,7 +264,7 @@ def create_app(scheduler: Any, *, model_name: str = "omni-rt") -> FastAPI:
                         if chat:
                             yield chunk([call_delta(msg.data, msg.data.token_ids)])
                     elif msg.type == "stream":
-                        yield chunk([choice(msg.data.text, msg.data.token_ids, None, True)])
+                        yield chunk([choice(text_of(msg.data), msg.data.token_ids, None, True)])
                     elif msg.type == "result":
                         yield chunk([choice("", [], msg.data["finish_reason"], True)])
                         if include_usage:

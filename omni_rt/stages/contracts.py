@@ -45,6 +45,25 @@ class ToolCallDone:
     arguments: str
 
 
+@dataclass(slots=True)
+class TokenDelta:
+    """Token ids of a request whose output is tokens, not text (a codec LM's audio codes). ``segment``: which
+    prompt of a streamed request produced them (consumers restart frame grouping when it changes)."""
+
+    token_ids: list[int]
+    segment: int = 0
+
+
+@dataclass(slots=True)
+class SpeechPrompt:
+    """One clause to speak, as a request for the codec LM it streams into. An AR stage that receives these as
+    stream chunks runs a response's prompts one after another and streams their tokens under the response's id
+    (``omni_rt.engine.segments``); ``request`` is an AR request payload (``prompt_ids``, ``max_tokens``...)."""
+
+    text: str
+    request: dict[str, Any]
+
+
 # ---- talker -> vocoder / client -------------------------------------------------------------------
 @dataclass(slots=True)
 class Clause:

@@ -17,7 +17,8 @@ import numpy as np
 from omni_rt.audio.pcm import StreamResampler, float_to_pcm16
 from omni_rt.audio import PIPELINE_OUTPUT_RATE
 from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
-from omni_rt.stages.contracts import Clause, PcmChunk
+from omni_rt.backends.snac_codec import OrpheusFrameAssembler
+from omni_rt.stages.contracts import Clause, CodecFrames, PcmChunk, TokenDelta
 
 OUTPUT_RATE = PIPELINE_OUTPUT_RATE
 
@@ -58,7 +59,8 @@ def create_pcm_vocoder(chunk_ms: int = 200) -> PcmVocoderScheduler:
 
 
 class SnacVocoderScheduler(StreamingSimpleScheduler):
-    """Streams SNAC codes (``CodecFrames``) to 24 kHz PCM16 with a sliding-window decoder."""
+    """Streams SNAC codes to 24 kHz PCM16 with a sliding-window decoder. Input: ``CodecFrames``, or the codec
+    LM's raw Orpheus tokens (``TokenDelta``), regrouped into frames per response here."""
 
     def __init__(self, model: Any, device: str = "cpu", window_frames: int | None = None) -> None:
         super().__init__(name="vocoder")
@@ -81,14 +83,26 @@ class SnacVocoderScheduler(StreamingSimpleScheduler):
             self.emit(request_id, "stream", PcmChunk(float_to_pcm16(audio), len(audio)))
 
     def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
-        self._emit_audio(request_id, state, self._decoder(state).push_many(list(np.asarray(data.frames))))
+        if isinstance(data, TokenDelta):
+            frames = state.user.setdefault("assembler", OrpheusFrameAssembler()).push(data.token_ids, data.segment)
+        elif isinstance(data, CodecFrames):
+            frames = np.asarray(data.frames)
+        else:
+            raise TypeError(f"the SNAC vocoder takes CodecFrames or TokenDelta, got {type(data).__name__}")
+        self._push_frames(request_id, state, frames)
+
+    def _push_frames(self, request_id: str, state: StreamState, frames: np.ndarray) -> None:
+        if len(frames):
+            state.user["frames"] = state.user.get("frames", 0) + len(frames)
+            self._emit_audio(request_id, state, self._decoder(state).push_many(list(frames)))
 
     def on_stream_done(self, request_id: str, state: StreamState, source: str | None) -> None:
         self._emit_audio(request_id, state, self._decoder(state).flush())
 
     def on_complete(self, request_id: str, state: StreamState) -> None:
         payload = state.payload if isinstance(state.payload, dict) else {"text": str(state.payload)}
-        self.emit(request_id, "result", {**payload, "output_samples": state.user.get("samples", 0)})
+        self.emit(request_id, "result", {**payload, "output_samples": state.user.get("samples", 0),
+                                         "frames": state.user.get("frames", 0)})
 
 
 def create_snac_vocoder(model: str | None = None, device: str = "cpu", random_init: bool = False) -> SnacVocoderScheduler:
