@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from omni_rt.presets import PRESET_DIR, load_preset
-from omni_rt.stages.contracts import TranscriptFinal
+from omni_rt.stages.contracts import SpeechPrompt, TranscriptFinal
 from omni_rt.core.config import PipelineConfig
 from omni_rt.core.coordinator import Coordinator, ResultItem, StreamItem
 
@@ -171,9 +171,7 @@ def test_speech_prompts_are_orpheus_prompts_with_start_tokens(tiny_models):
         assert p.request["repetition_penalty"] == 1.1
 
 
-def _prompt(n: int, first: int) -> "SpeechPrompt":
-    from omni_rt.stages.contracts import SpeechPrompt
-
+def _prompt(n: int, first: int) -> SpeechPrompt:
     return SpeechPrompt(f"clause {first}", {"prompt_ids": [128259, first, first + 1, 128260], "output": "tokens",
                                             "max_tokens": n, "ignore_eos": True})
 

@@ -1,6 +1,7 @@
 """The response lifecycle, the part of ``RealtimeSession`` that starts answers, maps their stream chunks (by
-stage role) to GA events, and ends them: done, cancelled (barge-in, client), failed, or — for a held answer —
-released or discarded. Mixed into ``RealtimeSession`` (it uses that class's state)."""
+stage role) to GA events, and ends them: done, cancelled (barge-in, client) or failed. Held answers (released or
+discarded) are in ``held_answers``, tool-call output items in ``tool_call_items``. Mixed into
+``RealtimeSession`` (it uses that class's state)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from omni_rt.realtime.events import new_id
 from omni_rt.realtime.session_config import SessionConfig
 from omni_rt.session import commands as cmd
 from omni_rt.session.conversation import Conversation, Item
+from omni_rt.session.held_answers import HeldAnswers
 from omni_rt.session.response import Response, ResponseState
-from omni_rt.session.turn import Turn
+from omni_rt.session.tool_call_items import ToolCallItems
 from omni_rt.stages import contracts as c
 
 
-class ResponseLifecycle:
+class ResponseLifecycle(HeldAnswers, ToolCallItems):
     def start_response(self, cfg: SessionConfig, metadata: dict[str, str] | None = None,
                        in_conversation: bool = True, input_items: list[Item] | None = None) -> Response:
         """A client's ``response.create``: refused while another response is active."""
@@ -95,39 +97,6 @@ class ResponseLifecycle:
             pcm = encoder.encode(pcm16_to_float(data.pcm)) if encoder is not None else data.pcm
             self._send_audio(resp, pcm, data.samples)
 
-    def _on_call_delta(self, resp: Response, d: c.ToolCallDelta) -> None:
-        """The model is calling a tool: a ``function_call`` output item whose arguments stream."""
-        item = resp.calls.get(d.index)
-        if item is None:
-            item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress", type="function_call",
-                        call_id=d.call_id, name=d.name)
-            resp.calls[d.index] = item
-            resp.output.append(item)
-            prev = self.conversation.add(item) if resp.in_conversation and resp.state is ResponseState.ACTIVE else None
-            self._emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": resp.output_index(item),
-                              "item": item.render()})
-            if resp.in_conversation:
-                self._emit(resp, {"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
-        if d.arguments_delta:
-            item.arguments += d.arguments_delta
-            self._emit(resp, {"type": "response.function_call_arguments.delta", "response_id": resp.id, "item_id": item.id,
-                              "output_index": resp.output_index(item), "call_id": item.call_id, "delta": d.arguments_delta})
-
-    def _on_call_done(self, resp: Response, d: c.ToolCallDone) -> None:
-        item = resp.calls.get(d.index)
-        if item is None:
-            self._on_call_delta(resp, c.ToolCallDelta(d.index, d.call_id, d.name, ""))
-            item = resp.calls[d.index]
-        item.arguments, item.status = d.arguments, "completed"
-        self._emit(resp, {"type": "response.function_call_arguments.done", "response_id": resp.id, "item_id": item.id,
-                          "output_index": resp.output_index(item), "call_id": item.call_id, "name": item.name,
-                          "arguments": item.arguments})
-        self._emit(resp, {"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(item),
-                          "item": item.render()})
-        if resp.in_conversation:
-            self._emit(resp, {"type": "conversation.item.done", "previous_item_id": self.conversation.previous_id(item.id)
-                              if item in self.conversation.items else None, "item": item.render()})
-
     def receive_result(self, response_id: str, result: Any) -> None:
         """The response's pipeline result: it completed."""
         entry = self._responses.pop(response_id, None)
@@ -164,50 +133,6 @@ class ResponseLifecycle:
         if ttfa is not None:
             self._observations.append(("ttfa", ttfa / 1000))
             self.log.info("response %s first audio %.0f ms after end of turn", resp.id, ttfa)
-
-    def _emit(self, resp: Response, event: dict[str, Any]) -> None:
-        """Send a response's event, or keep it while the response is held."""
-        if resp.state is ResponseState.DISCARDED:
-            return
-        if resp.state is ResponseState.HELD:
-            resp.held_events.append(event)
-        else:
-            self.send(event)
-
-    def _release(self, resp: Response, turn: Turn) -> None:
-        """The turn ended as speculated: the held answer joins the history and its events go out now."""
-        resp.state = ResponseState.ACTIVE
-        resp.turn_end = turn.end_at or time.perf_counter()
-        prev = self.conversation.add(resp.item)
-        for call in resp.calls.values():
-            self.conversation.add(call)
-        self.response = resp
-        for ev in resp.held_events:
-            if ev["type"] in ("conversation.item.added", "conversation.item.done"):
-                ev["previous_item_id"] = prev
-            if ev["type"] == "response.output_audio.delta" and resp.first_audio is None:
-                self._first_audio(resp)
-            self.send(ev)
-        resp.held_events.clear()
-        self.stats["speculative_released"] += 1
-        self._observations.append(("speculative_released", 1))
-        if resp.pending_final is not None:  # it finished while held
-            self._finish(resp, *resp.pending_final)
-
-    def _discard(self, resp: Response | None) -> None:
-        """Drop a held answer without a trace on the wire (the user kept talking, or said something else)."""
-        if resp is None or resp.state is not ResponseState.HELD:
-            return
-        resp.state = ResponseState.DISCARDED
-        resp.held_events.clear()
-        if self._responses.pop(resp.id, None) is not None:
-            self._commands.append(cmd.AbortResponse(resp.id))
-        self.stats["speculative_discarded"] += 1
-        self._observations.append(("speculative_discarded", 1))
-
-    def _discard_held(self, turn: Turn) -> None:
-        held, turn.held = turn.held, None
-        self._discard(held)
 
     def cancel_response(self, response_id: str | None) -> None:
         """A client's ``response.cancel``."""

@@ -1,0 +1,45 @@
+"""Tool-call output items of a response: a ``function_call`` item per call, its arguments streamed as the
+thinker's ``ToolCallDelta`` chunks arrive and completed by ``ToolCallDone``. Mixed into ``RealtimeSession``
+through ``ResponseLifecycle``."""
+
+from __future__ import annotations
+
+from omni_rt.realtime.events import new_id
+from omni_rt.session.conversation import Item
+from omni_rt.session.response import Response, ResponseState
+from omni_rt.stages import contracts as c
+
+
+class ToolCallItems:
+    def _on_call_delta(self, resp: Response, d: c.ToolCallDelta) -> None:
+        """The model is calling a tool: a ``function_call`` output item whose arguments stream."""
+        item = resp.calls.get(d.index)
+        if item is None:
+            item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress", type="function_call",
+                        call_id=d.call_id, name=d.name)
+            resp.calls[d.index] = item
+            resp.output.append(item)
+            prev = self.conversation.add(item) if resp.in_conversation and resp.state is ResponseState.ACTIVE else None
+            self._emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": resp.output_index(item),
+                              "item": item.render()})
+            if resp.in_conversation:
+                self._emit(resp, {"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
+        if d.arguments_delta:
+            item.arguments += d.arguments_delta
+            self._emit(resp, {"type": "response.function_call_arguments.delta", "response_id": resp.id, "item_id": item.id,
+                              "output_index": resp.output_index(item), "call_id": item.call_id, "delta": d.arguments_delta})
+
+    def _on_call_done(self, resp: Response, d: c.ToolCallDone) -> None:
+        item = resp.calls.get(d.index)
+        if item is None:
+            self._on_call_delta(resp, c.ToolCallDelta(d.index, d.call_id, d.name, ""))
+            item = resp.calls[d.index]
+        item.arguments, item.status = d.arguments, "completed"
+        self._emit(resp, {"type": "response.function_call_arguments.done", "response_id": resp.id, "item_id": item.id,
+                          "output_index": resp.output_index(item), "call_id": item.call_id, "name": item.name,
+                          "arguments": item.arguments})
+        self._emit(resp, {"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(item),
+                          "item": item.render()})
+        if resp.in_conversation:
+            self._emit(resp, {"type": "conversation.item.done", "previous_item_id": self.conversation.previous_id(item.id)
+                              if item in self.conversation.items else None, "item": item.render()})
