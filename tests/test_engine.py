@@ -99,7 +99,7 @@ def test_batched_greedy_matches_one_at_a_time(tiny, reference, arch, async_decod
 
 
 def test_static_kv_path_matches(tiny, reference):
-    """The GPU decode path (preallocated KV, batch padded to a bucket, attention over the whole buffer — what
+    """The GPU decode path (preallocated KV, batch padded to a bucket, attention over a context bucket — what
     the CUDA graphs replay) run eagerly on CPU: same tokens as one-at-a-time greedy."""
     sched = _started(tiny["qwen2"], max_batch_size=3, max_seq_len=96, static_kv=True)
     try:

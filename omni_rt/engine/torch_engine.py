@@ -12,17 +12,20 @@ Batched decode of different-length requests: every row writes K/V at its own pos
 [B, 1, 1, L] boolean mask hides each row's unused tail, so batched greedy equals one-at-a-time greedy.
 On CPU the buffer grows on demand and each step reads only ``max(len)+1`` positions; on GPU it is
 preallocated at ``max_seq_len`` so a decode step is a fixed-address CUDA graph (eager costs ~27 ms/step
-whatever the model size; graphs 3–7 ms).
+whatever the model size; graphs 3–7 ms), one graph per batch bucket x context bucket, so a step attends over
+the used context rounded up to a bucket, not over all ``max_seq_len`` positions.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import time
 from typing import Sequence
 
 import torch
 
+from omni_rt.engine.attention import PACKED_GQA, use_packed_gqa
 from omni_rt.engine.kv_cache import KVBlob, SlotKVCache
 from omni_rt.engine.request import SamplingParams
 from omni_rt.engine.sampling import SlotSampler
@@ -52,10 +55,17 @@ class TorchEngine:
         max_seq_len: int | None = None,
         cuda_graphs: bool = True,
         static_kv: bool | None = None,
+        attention: str = "packed_gqa",
+        context_buckets: Sequence[int] | None = None,
     ) -> None:
         """``static_kv`` (default: on GPU) preallocates ``max_seq_len`` and decodes fixed shapes — batch padded to
-        a bucket, attention over the whole buffer — which is what CUDA graphs replay. It runs eagerly on CPU too,
-        so tests check that path's correctness without a GPU."""
+        a bucket, attention over the first ``context bucket`` positions (the smallest of ``context_buckets``,
+        default 256, 512, 1024, ... and ``max_seq_len``, that holds every live row's next position) — which is
+        what the CUDA graphs, one per batch bucket x context bucket, replay. A step so reads what is in use,
+        rounded up, not the whole buffer. It runs eagerly on CPU too, so tests check that path without a GPU.
+
+        ``attention``: ``"packed_gqa"`` (default; ``omni_rt.engine.attention``) or transformers' stock
+        ``"sdpa"``, which copies K/V per layer per step for GQA models when a mask is passed."""
         self.model = model.eval()
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         param = next(model.parameters())
@@ -67,9 +77,14 @@ class TorchEngine:
         self.vocab_size = cfg.vocab_size
 
         attn = getattr(cfg, "_attn_implementation", "sdpa") or "sdpa"
-        if attn not in ("sdpa", "eager"):
+        if attn not in ("sdpa", "eager", PACKED_GQA):
             raise ValueError(f"attention implementation {attn!r} unsupported; load with attn_implementation='sdpa'")
-        self._bool_mask = attn == "sdpa"
+        if attention not in ("packed_gqa", "sdpa"):
+            raise ValueError(f"attention must be 'packed_gqa' or 'sdpa', got {attention!r}")
+        if attention == "packed_gqa" and attn == "sdpa":
+            use_packed_gqa(model)  # GQA without per-layer K/V copies (see omni_rt.engine.attention)
+        self.attention = getattr(model.config, "_attn_implementation", attn)
+        self._bool_mask = attn in ("sdpa", PACKED_GQA)
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
         on_gpu = self.device.type == "cuda"
@@ -93,8 +108,10 @@ class TorchEngine:
         # per-slot sampling parameters and generated-token history (penalties, n-grams, seeded noise)
         self.sampler = SlotSampler(max_batch_size, self.vocab_size, self.max_seq_len, self.device)
         self._arange = torch.arange(self.max_seq_len, device=self.device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._graph_logits: dict[int, torch.Tensor] = {}
+        self.context_buckets = self._context_buckets(context_buckets)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch bucket, context bucket)
+        self._graph_out: torch.Tensor | None = None  # [max_batch_size, V]: every graph writes its logits here
+        self.capture_s = 0.0
         if self.static_kv and on_gpu and cuda_graphs:
             self._capture_graphs()
 
@@ -127,29 +144,57 @@ class TorchEngine:
         sizes = [1, 2, 4, 8] + list(range(16, self.max_batch_size + 1, 8))
         return sorted({b for b in sizes if b < self.max_batch_size} | {self.max_batch_size})
 
+    def _context_buckets(self, asked: Sequence[int] | None) -> list[int]:
+        """Attention lengths a static decode step reads: powers of two from 256 (or ``asked``) below
+        ``max_seq_len``, then ``max_seq_len``. Few buckets (5 for 4096) bound graph count and capture time;
+        rounding up at most doubles what a step reads."""
+        if asked is None:
+            asked, b = [], 256
+            while b < self.max_seq_len:
+                asked.append(b)
+                b *= 2
+        if any(int(c) < 1 for c in asked):
+            raise ValueError(f"context_buckets must be positive, got {list(asked)}")
+        return sorted({int(c) for c in asked if int(c) < self.max_seq_len} | {self.max_seq_len})
+
+    def _static_shape(self, n: int) -> tuple[int, int]:
+        """(batch bucket, context bucket) of a static decode step over rows ``0..n-1``."""
+        need = max(self.lengths[:n]) + 1  # each row attends to its KV and writes its next position
+        return next(b for b in self._buckets() if b >= n), next(c for c in self.context_buckets if c >= need)
+
     @torch.inference_mode()
     def _capture_graphs(self) -> None:
-        """One graph per batch-size bucket, largest first so smaller ones reuse its memory pool (nano-vllm).
+        """One graph per batch bucket x context bucket, largest first, all in one memory pool (nano-vllm):
+        intermediates are reused across graphs, and every graph copies its logits into one shared output
+        buffer, so memory is about one largest step, not one per graph.
 
-        Attention reads the whole preallocated length (fixed shapes); rows of a bucket past the live batch
-        are free slots: they compute garbage into their own slot, which the next prefill overwrites.
+        Rows of a bucket past the live batch are free (or still-prefilling) slots: they compute garbage into
+        their own slot at their own position, which that slot's next prefill overwrites.
         """
-        cap = self.kv.capacity
+        t0 = time.perf_counter()
         pool = None
         try:
-            for b in sorted(self._buckets(), reverse=True):
-                self._decode_forward(b, cap)  # warm-up: lazy inits, cuBLAS workspaces
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self._graph_logits[b] = self._decode_forward(b, cap)
-                pool = graph.pool() if pool is None else pool
-                self.graphs[b] = graph
+            for ctx in sorted(self.context_buckets, reverse=True):
+                for b in sorted(self._buckets(), reverse=True):
+                    logits = self._decode_forward(b, ctx)  # warm-up: lazy inits, cuBLAS workspaces
+                    if self._graph_out is None:
+                        self._graph_out = torch.empty(
+                            (self.max_batch_size, logits.shape[-1]), dtype=logits.dtype, device=self.device
+                        )
+                    torch.cuda.synchronize(self.device)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        self._graph_out[:b].copy_(self._decode_forward(b, ctx))
+                    pool = graph.pool() if pool is None else pool
+                    self.graphs[(b, ctx)] = graph
             torch.cuda.synchronize(self.device)
         except Exception as exc:  # a model whose forward cannot be captured still serves, eagerly
             log.warning("CUDA graph capture failed (%s: %s); decoding eagerly", type(exc).__name__, exc)
             self.graphs.clear()
-            self._graph_logits.clear()
+        self.capture_s = time.perf_counter() - t0
+        if self.graphs:
+            log.info("captured %d decode graphs (%d batch x %d context buckets) in %.1f s",
+                     len(self.graphs), len(self._buckets()), len(self.context_buckets), self.capture_s)
         self.kv.k.zero_()
         self.kv.v.zero_()
 
@@ -203,12 +248,13 @@ class TorchEngine:
         sampling parameters were set at its prefill; ``params``/``generators`` are unused). ``mask`` [n, V]
         bool: allowed tokens per row (grammar rows; unconstrained rows all True)."""
         if self.static_kv:
-            bucket = next(b for b in self._buckets() if b >= n)
-            if bucket in self.graphs:
-                self.graphs[bucket].replay()
-                logits = self._graph_logits[bucket][:n]
+            key = self._static_shape(n)
+            graph = self.graphs.get(key)
+            if graph is not None:
+                graph.replay()
+                logits = self._graph_out[:n]
             else:
-                logits = self._decode_forward(bucket, self.kv.capacity)[:n]
+                logits = self._decode_forward(*key)[:n]
         else:
             view_len = max(self.lengths[:n]) + 1
             self.kv.ensure_capacity(view_len, n)
