@@ -271,14 +271,14 @@ def test_sampling_seed_and_top_k(tiny):
 def test_errors_fail_only_their_request(tiny, monkeypatch):
     sched = _started(tiny["llama"])
     try:
-        real_prefill = sched.engine.prefill
+        real_prefill = sched.engine.prefill_batch
 
-        def flaky_prefill(slot, ids, start, params, gen):
-            if ids[0] == 66:
+        def flaky_prefill(items):  # "ok" and "boom" share a batched prefill: only "boom" may fail
+            if any(it.token_ids[0] == 66 for it in items):
                 raise RuntimeError("boom")
-            return real_prefill(slot, ids, start, params, gen)
+            return real_prefill(items)
 
-        monkeypatch.setattr(sched.engine, "prefill", flaky_prefill)
+        monkeypatch.setattr(sched.engine, "prefill_batch", flaky_prefill)
         send(sched, "ok", {"prompt_ids": [5, 6], "max_tokens": 30, "ignore_eos": True})
         send(sched, "boom", {"prompt_ids": [66, 6], "max_tokens": 5})
         send(sched, "oov", {"prompt_ids": [5, 10_000], "max_tokens": 5})

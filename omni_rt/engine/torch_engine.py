@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -42,6 +43,18 @@ def _eos_ids(model) -> set[int]:
     if eos is None:
         return set()
     return {eos} if isinstance(eos, int) else set(eos)
+
+
+@dataclass(slots=True)
+class PrefillItem:
+    """One slot's prefill chunk in a batched prefill (the arguments of ``TorchEngine.prefill``)."""
+
+    slot: int
+    token_ids: list[int]
+    start: int
+    params: SamplingParams
+    mask: torch.Tensor | None = None  # [1, V] bool: allowed next tokens (a tool-call grammar)
+    sample_next: bool = True  # False: a chunk of a longer prompt, no token picked
 
 
 class TorchEngine:
@@ -214,11 +227,8 @@ class TorchEngine:
         pick the next token, which becomes the slot's next decode input. ``mask`` [1, V] bool: allowed tokens
         (a tool-call grammar). ``sample_next=False`` is a chunk of a longer prompt (chunked prefill): no token
         is picked; returns -1. (``generator`` is unused: seeded randomness is per slot, see ``sampling``.)"""
+        self._check_prefill(token_ids, start)
         end = start + len(token_ids)
-        if end >= self.max_seq_len:
-            raise ValueError(f"prompt of {end} tokens does not fit max_seq_len={self.max_seq_len}")
-        if max(token_ids) >= self.vocab_size:
-            raise ValueError(f"token id {max(token_ids)} out of the model's vocabulary ({self.vocab_size})")
         self.kv.ensure_capacity(end, slot + 1)
         self.kv.for_prefill(slot, start)
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
@@ -235,6 +245,63 @@ class TorchEngine:
         tok = self.sampler.select(logits, slice(slot, slot + 1))
         self.tokens[slot] = tok[0]
         return int(tok[0])
+
+    @torch.inference_mode()
+    def prefill_batch(self, items: Sequence[PrefillItem]) -> list[int]:
+        """Several slots' prefill chunks in one forward (concurrent new sessions): rows right-aligned to the
+        longest chunk (left padding, so ``logits_to_keep=1`` is each row's last real token), each row writing
+        its own slot's K/V at its own positions; pad tokens are never written (``SlotKVCache.for_prefill_batch``).
+        Returns each item's next token, as ``prefill`` does (-1 where ``sample_next`` is False). The caller
+        bounds ``len(items) x longest chunk``: that is what the forward costs."""
+        if len(items) == 1:
+            it = items[0]
+            return [self.prefill(it.slot, it.token_ids, it.start, it.params, None, it.mask, it.sample_next)]
+        slots = [it.slot for it in items]
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"prefill_batch: a slot appears twice in {slots}")
+        for it in items:
+            self._check_prefill(it.token_ids, it.start)
+        width = max(it.start + len(it.token_ids) for it in items)
+        t_max = max(len(it.token_ids) for it in items)
+        self.kv.ensure_capacity(width, max(slots) + 1)
+        rows = len(items)
+        ids = torch.zeros((rows, t_max), dtype=torch.long)
+        pos = torch.zeros((rows, t_max), dtype=torch.long)
+        for r, it in enumerate(items):
+            pad = t_max - len(it.token_ids)
+            ids[r, pad:] = torch.tensor(it.token_ids, dtype=torch.long)
+            # pad tokens get (clamped) positions before the row's first: their queries see only that row's
+            # real KV, so they stay finite, and nothing reads them
+            pos[r] = (torch.arange(t_max) - pad + it.start).clamp(min=0)
+        ids, pos = ids.to(self.device), pos.to(self.device)
+        self.kv.for_prefill_batch(slots, [it.start for it in items], [len(it.token_ids) for it in items], t_max)
+        allowed = (self._arange[None, None, :width] <= pos[:, :, None])[:, None]
+        logits = self._forward(ids, pos, allowed)
+        out = []
+        for r, it in enumerate(items):
+            end = it.start + len(it.token_ids)
+            self.pos[it.slot] = end
+            self.lengths[it.slot] = end
+            self.sampler.assign(it.slot, it.params)
+            if not it.sample_next:
+                out.append(-1)
+                continue
+            row = logits[r : r + 1]
+            if it.mask is not None:
+                row = row.masked_fill(~it.mask, float("-inf"))
+            tok = self.sampler.select(row, slice(it.slot, it.slot + 1))
+            self.tokens[it.slot] = tok[0]
+            out.append(int(tok[0]))
+        return out
+
+    def _check_prefill(self, token_ids: list[int], start: int) -> None:
+        end = start + len(token_ids)
+        if not token_ids:
+            raise ValueError("empty prefill chunk")
+        if end >= self.max_seq_len:
+            raise ValueError(f"prompt of {end} tokens does not fit max_seq_len={self.max_seq_len}")
+        if max(token_ids) >= self.vocab_size:
+            raise ValueError(f"token id {max(token_ids)} out of the model's vocabulary ({self.vocab_size})")
 
     @torch.inference_mode()
     def decode(
