@@ -186,3 +186,17 @@ def test_scheduler_batches_concurrent_prefills(qwen2):
         assert calls[n:] and all(rows * width <= 8 for rows, width in calls[n:]), calls[n:]
     finally:
         sched.stop()
+
+
+def test_switched_model_keeps_padding_masks(qwen2):
+    """The engine switches the model object itself, so an ordinary call (2D padding mask, no slot cache) must
+    still mean what it means with stock sdpa."""
+    stock = weights.load_model(qwen2)
+    packed = _engine(qwen2).model
+    assert packed.config._attn_implementation == PACKED_GQA
+    ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [1] * 7])
+    with torch.inference_mode():
+        want = stock(input_ids=ids, attention_mask=mask).logits[:, 3:]
+        got = packed(input_ids=ids, attention_mask=mask).logits[:, 3:]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

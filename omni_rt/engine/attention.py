@@ -67,10 +67,15 @@ def packed_gqa_attention(
 
 
 def register() -> str:
-    """Make ``PACKED_GQA`` a valid ``attn_implementation`` (idempotent); returns the name."""
-    from transformers import AttentionInterface
+    """Make ``PACKED_GQA`` a valid ``attn_implementation`` (idempotent); returns the name. Its masks are built
+    as for ``sdpa`` (same boolean layout): without a registered mask function transformers would drop a 2D
+    padding mask for an unknown implementation (``_preprocess_mask_arguments``' early exit), which matters
+    to anyone calling the switched model the ordinary way (``generate`` on a padded batch)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     AttentionInterface.register(PACKED_GQA, packed_gqa_attention)
+    AttentionMaskInterface.register(PACKED_GQA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     return PACKED_GQA
 
 
