@@ -1,12 +1,13 @@
-"""Built-in engine: a transformers causal LM over a slot KV cache — per-sequence prefill, batched decode.
+"""Built-in engine: a transformers causal LM over a slot KV cache — batched prefill, batched decode.
 
 Why not ``transformers.generation.continuous_batching`` (ContinuousBatchingManager): it owns its own
 background thread and request queue, so the stage would hold two schedulers and could not overlap host work
 with the next step (async lookahead); logits processing is configured once per manager, not per request;
 and its prefix sharing only reuses full pages still resident in the paged cache, while a voice session
 needs the previous turn's KV kept (bounded, LRU) until the next turn arrives. It is a good library piece,
-but it is the whole scheduler, not a part of one. So this module borrows the model classes (and their SDPA
-attention) and keeps the loop: gpt-fast/nano-vllm style static KV and CUDA graphs per batch-size bucket.
+but it is the whole scheduler, not a part of one. So this module borrows the model classes (with SDPA
+attention, GQA packed so K/V are not copied per head: ``omni_rt.engine.attention``) and keeps the loop:
+gpt-fast/nano-vllm style static KV and CUDA graphs per batch-size x context-length bucket.
 
 Batched decode of different-length requests: every row writes K/V at its own position in its own slot and a
 [B, 1, 1, L] boolean mask hides each row's unused tail, so batched greedy equals one-at-a-time greedy.
