@@ -174,6 +174,9 @@ class TorchEngine:
     def _static_shape(self, n: int) -> tuple[int, int]:
         """(batch bucket, context bucket) of a static decode step over rows ``0..n-1``."""
         need = max(self.lengths[:n]) + 1  # each row attends to its KV and writes its next position
+        if need > self.max_seq_len or n > self.max_batch_size:
+            raise ValueError(f"decode of {n} rows up to position {need} exceeds max_batch_size="
+                             f"{self.max_batch_size} / max_seq_len={self.max_seq_len}")
         return next(b for b in self._buckets() if b >= n), next(c for c in self.context_buckets if c >= need)
 
     @torch.inference_mode()
