@@ -100,7 +100,7 @@ def test_batched_greedy_matches_one_at_a_time(tiny, reference, arch, async_decod
 
 
 def test_static_kv_path_matches(tiny, reference):
-    """The GPU decode path (preallocated KV, batch padded to a bucket, attention over the whole buffer — what
+    """The GPU decode path (preallocated KV, batch padded to a bucket, attention over a context bucket — what
     the CUDA graphs replay) run eagerly on CPU: same tokens as one-at-a-time greedy."""
     sched = _started(tiny["qwen2"], max_batch_size=3, max_seq_len=96, static_kv=True)
     try:
@@ -272,14 +272,14 @@ def test_sampling_seed_and_top_k(tiny):
 def test_errors_fail_only_their_request(tiny, monkeypatch):
     sched = _started(tiny["llama"])
     try:
-        real_prefill = sched.engine.prefill
+        real_prefill = sched.engine.prefill_batch
 
-        def flaky_prefill(slot, ids, start, params, gen):
-            if ids[0] == 66:
+        def flaky_prefill(items):  # "ok" and "boom" share a batched prefill: only "boom" may fail
+            if any(it.token_ids[0] == 66 for it in items):
                 raise RuntimeError("boom")
-            return real_prefill(slot, ids, start, params, gen)
+            return real_prefill(items)
 
-        monkeypatch.setattr(sched.engine, "prefill", flaky_prefill)
+        monkeypatch.setattr(sched.engine, "prefill_batch", flaky_prefill)
         send(sched, "ok", {"prompt_ids": [5, 6], "max_tokens": 30, "ignore_eos": True})
         send(sched, "boom", {"prompt_ids": [66, 6], "max_tokens": 5})
         send(sched, "oov", {"prompt_ids": [5, 10_000], "max_tokens": 5})

@@ -6,7 +6,6 @@ import asyncio
 import base64
 
 import numpy as np
-import pytest
 from openai import AsyncOpenAI
 
 from rt_helpers import heard, pcm_chunks_b64, speech_with_silence, validate_event

@@ -10,7 +10,8 @@ One loop iteration, between two decode steps:
      while answers are decoding), the request with the fewest tokens left first, so a 3000-token prompt
      costs the running decodes (and a short request arriving meanwhile) one chunk per step instead of a
      multi-second stall. A request being
-     prefilled holds a slot above the decode rows and joins them when its last chunk is done;
+     prefilled holds a slot above the decode rows and joins them when its last chunk is done. Concurrent
+     prefills (several new sessions) share one forward, rows x longest chunk within the same bound;
   4. decode one step for all live rows.
 With ``async_decode`` step 4 runs in a worker thread and the host work of the *previous* step (token
 accounting, detokenization, stop checks, publishing ``stream`` chunks) overlaps it — torch releases the GIL
@@ -50,7 +51,7 @@ from omni_rt.engine.request import _num, parse_answer_policy, parse_request, par
 from omni_rt.engine.segments import SegmentedRequests
 from omni_rt.engine.sequence import Sequence
 from omni_rt.engine.tools import ToolStream, detect_format, render_prompt
-from omni_rt.engine.torch_engine import TorchEngine
+from omni_rt.engine.torch_engine import PrefillItem, TorchEngine
 from omni_rt.stages.contracts import SpeechPrompt, TextDelta, TokenDelta
 
 log = logging.getLogger(__name__)
@@ -416,63 +417,100 @@ class ARScheduler(ThreadedScheduler):
 
     # ------------------------------------------------------------------ slots
     def _admit(self) -> None:
-        """Spend a bounded number of prefill tokens this iteration, fewest tokens left first."""
+        """Spend a bounded number of prefill tokens this iteration, fewest tokens left first; concurrent
+        prefills share one forward (``TorchEngine.prefill_batch``), whose cost — rows x longest chunk — is
+        what the budget bounds, so running answers wait at most one chunk's worth for new sessions."""
         budget = self.prefill_tokens_while_decoding if self._rows else self.prefill_chunk_tokens
         while budget > 0:
-            seq = self._next_prefill()
-            if seq is None:
+            group, width = self._next_prefills(budget)
+            if not group:
                 return
-            rid = seq.request_id
-            try:
-                t0 = time.perf_counter()
-                if rid not in self._prefill_pos:
-                    self._waiting.remove(seq)
-                    seq.slot = self._free_slot()
-                    self._prefilling.append(seq)
-                    self._prefill_pos[rid] = self._restore_prefix(seq, seq.slot)
-                start = self._prefill_pos[rid]
-                end = min(len(seq.prompt_ids), start + budget)
-                last = end == len(seq.prompt_ids)
-                chunk = seq.prompt_ids[start:end]
-                if last:
-                    mask = self._grammar_mask([seq])
-                    kw = {"mask": mask} if mask is not None else {}
-                    tok = self.engine.prefill(seq.slot, chunk, start, seq.req.sampling, None, **kw)
-                    if mask is not None:
-                        seq.tools.grammar.consume(tok)
-                else:
-                    self.engine.prefill(seq.slot, chunk, start, seq.req.sampling, None, sample_next=False)
-                budget -= end - start
-                self._prefill_pos[rid] = end
-                self.metrics["prefill_tokens"] += end - start
-                self.metrics["prefill_s"] += time.perf_counter() - t0
-            except Exception as exc:
-                if seq in self._prefilling:
-                    self._prefilling.remove(seq)
-                    self.engine.release(seq.slot)
-                self._prefill_pos.pop(rid, None)
-                del self._live[rid]
-                self._policies.pop(rid, None)
-                self.emit_error(rid, exc, code="prefill_error")
+            t0 = time.perf_counter()
+            items, seqs = [], []
+            for seq in group:
+                rid = seq.request_id
+                try:
+                    if rid not in self._prefill_pos:
+                        self._waiting.remove(seq)
+                        seq.slot = self._free_slot()
+                        self._prefilling.append(seq)
+                        self._prefill_pos[rid] = self._restore_prefix(seq, seq.slot)
+                    start = self._prefill_pos[rid]
+                    end = min(len(seq.prompt_ids), start + width)
+                    last = end == len(seq.prompt_ids)
+                    mask = self._grammar_mask([seq]) if last else None
+                except Exception as exc:
+                    self._prefill_failed(seq, exc)
+                    continue
+                items.append(PrefillItem(seq.slot, seq.prompt_ids[start:end], start, seq.req.sampling, mask, last))
+                seqs.append(seq)
+            if not items:
                 continue
-            if last:
-                self._join_rows(seq)
-                self._publish(seq, tok)
+            budget -= len(items) * max(len(it.token_ids) for it in items)
+            for seq, it, tok in self._prefill_items(seqs, items):
+                self._prefill_pos[seq.request_id] = it.start + len(it.token_ids)
+                self.metrics["prefill_tokens"] += len(it.token_ids)
+                if it.sample_next:
+                    if it.mask is not None:
+                        seq.tools.grammar.consume(tok)
+                    self._join_rows(seq)
+                    self._publish(seq, tok)
+            self.metrics["prefill_s"] += time.perf_counter() - t0
 
-    def _next_prefill(self) -> Sequence | None:
-        """Shortest remaining prompt first (a short bystander overtakes a long prefill between chunks);
-        a waiting request is a candidate only while a slot is free."""
-        best, best_left = None, None
-        for seq in self._prefilling:
-            left = len(seq.prompt_ids) - self._prefill_pos[seq.request_id]
-            if best_left is None or left < best_left:
-                best, best_left = seq, left
-        if len(self._rows) + len(self._prefilling) < self.engine.max_batch_size:
-            for seq in self._waiting:
-                left = len(seq.prompt_ids) - self._cached_estimate(seq)
-                if best_left is None or left < best_left:
-                    best, best_left = seq, left
-        return best
+    def _prefill_items(self, seqs: list[Sequence], items: list[PrefillItem]):
+        """Run a batched prefill; yields (seq, item, next token) for each that succeeded. A failed batch is
+        retried one request at a time, so a failure fails only the request that causes it."""
+        try:
+            return list(zip(seqs, items, self.engine.prefill_batch(items)))
+        except Exception as exc:
+            if len(items) == 1:
+                self._prefill_failed(seqs[0], exc)
+                return []
+        done = []
+        for seq, it in zip(seqs, items):
+            try:
+                done.append((seq, it, self.engine.prefill_batch([it])[0]))
+            except Exception as exc:
+                self._prefill_failed(seq, exc)
+        return done
+
+    def _prefill_failed(self, seq: Sequence, exc: BaseException) -> None:
+        rid = seq.request_id
+        if seq in self._prefilling:
+            self._prefilling.remove(seq)
+            self.engine.release(seq.slot)
+        self._prefill_pos.pop(rid, None)
+        self._live.pop(rid, None)
+        self._policies.pop(rid, None)
+        self.emit_error(rid, exc, code="prefill_error")
+
+    def _next_prefills(self, budget: int) -> tuple[list[Sequence], int]:
+        """The requests to prefill together and the chunk width: shortest remaining prompt first (a short
+        bystander overtakes a long prefill between chunks, and finishes in this forward when it fits the
+        budget); a waiting request is a candidate only while a slot is free. Of the widths that let the
+        shortest take its whole chunk, the one moving the most real tokens within ``rows x width <= budget``
+        (ties: more rows)."""
+        cands = [(len(s.prompt_ids) - self._prefill_pos[s.request_id], i, s) for i, s in enumerate(self._prefilling)]
+        free = self.engine.max_batch_size - len(self._rows) - len(self._prefilling)
+        waiting = sorted(
+            ((max(1, len(s.prompt_ids) - self._cached_estimate(s)), len(cands) + i, s)
+             for i, s in enumerate(self._waiting)),
+            key=lambda c: (c[0], c[1]),
+        )[: max(0, free)]
+        cands = sorted(cands + waiting, key=lambda c: (c[0], c[1]))
+        if not cands:
+            return [], 0
+        lefts = [c[0] for c in cands]
+        floor = min(lefts[0], budget)
+        widths = {min(x, budget) for x in lefts} | {budget // k for k in range(1, len(cands) + 1)}
+        best = None
+        for w in sorted(x for x in widths if x >= floor):
+            k = min(len(cands), budget // w)
+            key = (sum(min(x, w) for x in lefts[:k]), k)
+            if best is None or key > best[0]:
+                best = (key, w, k)
+        _, width, k = best
+        return [c[2] for c in cands[:k]], width
 
     def _cached_estimate(self, seq: Sequence) -> int:
         sid = seq.req.session_id

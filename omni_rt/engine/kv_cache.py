@@ -61,6 +61,9 @@ class SlotKVCache:
         self._view = 0  # decode: how many positions attention reads
         self._slot = 0  # prefill: the slot
         self._start = 0  # prefill: first position written
+        self._batch_write: tuple[torch.Tensor, ...] = ()  # batched prefill: (dst slot, dst pos, src row, src col)
+        self._batch_rows: slice | torch.Tensor = slice(0)
+        self._batch_view = 0
 
     @property
     def capacity(self) -> int:
@@ -120,6 +123,25 @@ class SlotKVCache:
     def for_prefill(self, slot: int, start: int) -> None:
         self._mode, self._slot, self._start = "prefill", slot, start
 
+    def for_prefill_batch(self, slots: list[int], starts: list[int], lengths: list[int], width: int) -> None:
+        """Rows ``r`` of the next forward hold ``lengths[r]`` real tokens right-aligned in ``width`` columns,
+        for ``slots[r]`` at positions ``starts[r]..``; only real tokens are written (padding would overwrite
+        the row's cached prefix or run past ``max_seq_len``). Index tensors are built once per forward."""
+        dst_slot, dst_pos, src_row, src_col = [], [], [], []
+        for r, (s, a, n) in enumerate(zip(slots, starts, lengths)):
+            dst_slot += [s] * n
+            dst_pos += range(a, a + n)
+            src_row += [r] * n
+            src_col += range(width - n, width)
+        dev = self.k.device
+        self._mode = "prefill_batch"
+        self._batch_write = tuple(torch.tensor(x, dtype=torch.long, device=dev)
+                                  for x in (dst_slot, dst_pos, src_row, src_col))
+        self._batch_view = max(a + n for a, n in zip(starts, lengths))
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        # consecutive slots are read as a view; otherwise gathered (a copy, once per layer per chunk)
+        self._batch_rows = slice(slots[0], slots[0] + len(slots)) if contiguous else torch.tensor(slots, device=dev)
+
     # ---- the transformers Cache interface actually used ----
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         k, v = self.k[layer_idx], self.v[layer_idx]
@@ -128,6 +150,12 @@ class SlotKVCache:
             k[rows, :, self._pos] = key_states[:, :, 0]
             v[rows, :, self._pos] = value_states[:, :, 0]
             return k[:n, :, : self._view], v[:n, :, : self._view]
+        if self._mode == "prefill_batch":
+            dst_slot, dst_pos, src_row, src_col = self._batch_write
+            k[dst_slot, :, dst_pos] = key_states[src_row, :, src_col]
+            v[dst_slot, :, dst_pos] = value_states[src_row, :, src_col]
+            rows, width = self._batch_rows, self._batch_view
+            return k[rows, :, :width], v[rows, :, :width]
         s, a = self._slot, self._start
         b = a + key_states.shape[2]
         k[s, :, a:b] = key_states[0]

@@ -1,28 +1,33 @@
-"""Built-in engine: a transformers causal LM over a slot KV cache — per-sequence prefill, batched decode.
+"""Built-in engine: a transformers causal LM over a slot KV cache — batched prefill, batched decode.
 
 Why not ``transformers.generation.continuous_batching`` (ContinuousBatchingManager): it owns its own
 background thread and request queue, so the stage would hold two schedulers and could not overlap host work
 with the next step (async lookahead); logits processing is configured once per manager, not per request;
 and its prefix sharing only reuses full pages still resident in the paged cache, while a voice session
 needs the previous turn's KV kept (bounded, LRU) until the next turn arrives. It is a good library piece,
-but it is the whole scheduler, not a part of one. So this module borrows the model classes (and their SDPA
-attention) and keeps the loop: gpt-fast/nano-vllm style static KV and CUDA graphs per batch-size bucket.
+but it is the whole scheduler, not a part of one. So this module borrows the model classes (with SDPA
+attention, GQA packed so K/V are not copied per head: ``omni_rt.engine.attention``) and keeps the loop:
+gpt-fast/nano-vllm style static KV and CUDA graphs per batch-size x context-length bucket.
 
 Batched decode of different-length requests: every row writes K/V at its own position in its own slot and a
 [B, 1, 1, L] boolean mask hides each row's unused tail, so batched greedy equals one-at-a-time greedy.
 On CPU the buffer grows on demand and each step reads only ``max(len)+1`` positions; on GPU it is
 preallocated at ``max_seq_len`` so a decode step is a fixed-address CUDA graph (eager costs ~27 ms/step
-whatever the model size; graphs 3–7 ms).
+whatever the model size; graphs 3–7 ms), one graph per batch bucket x context bucket, so a step attends over
+the used context rounded up to a bucket, not over all ``max_seq_len`` positions.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from omni_rt.engine.attention import PACKED_GQA, use_packed_gqa
 from omni_rt.engine.kv_cache import KVBlob, SlotKVCache
 from omni_rt.engine.request import SamplingParams
 from omni_rt.engine.sampling import SlotSampler
@@ -41,6 +46,18 @@ def _eos_ids(model) -> set[int]:
     return {eos} if isinstance(eos, int) else set(eos)
 
 
+@dataclass(slots=True)
+class PrefillItem:
+    """One slot's prefill chunk in a batched prefill (the arguments of ``TorchEngine.prefill``)."""
+
+    slot: int
+    token_ids: list[int]
+    start: int
+    params: SamplingParams
+    mask: torch.Tensor | None = None  # [1, V] bool: allowed next tokens (a tool-call grammar)
+    sample_next: bool = True  # False: a chunk of a longer prompt, no token picked
+
+
 class TorchEngine:
     """Owns the model, the KV slots and the per-slot decode state; called from one thread at a time."""
 
@@ -52,10 +69,17 @@ class TorchEngine:
         max_seq_len: int | None = None,
         cuda_graphs: bool = True,
         static_kv: bool | None = None,
+        attention: str = "packed_gqa",
+        context_buckets: Sequence[int] | None = None,
     ) -> None:
         """``static_kv`` (default: on GPU) preallocates ``max_seq_len`` and decodes fixed shapes — batch padded to
-        a bucket, attention over the whole buffer — which is what CUDA graphs replay. It runs eagerly on CPU too,
-        so tests check that path's correctness without a GPU."""
+        a bucket, attention over the first ``context bucket`` positions (the smallest of ``context_buckets``,
+        default 256, 512, 1024, ... and ``max_seq_len``, that holds every live row's next position) — which is
+        what the CUDA graphs, one per batch bucket x context bucket, replay. A step so reads what is in use,
+        rounded up, not the whole buffer. It runs eagerly on CPU too, so tests check that path without a GPU.
+
+        ``attention``: ``"packed_gqa"`` (default; ``omni_rt.engine.attention``) or transformers' stock
+        ``"sdpa"``, which copies K/V per layer per step for GQA models when a mask is passed."""
         self.model = model.eval()
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         param = next(model.parameters())
@@ -67,9 +91,14 @@ class TorchEngine:
         self.vocab_size = cfg.vocab_size
 
         attn = getattr(cfg, "_attn_implementation", "sdpa") or "sdpa"
-        if attn not in ("sdpa", "eager"):
+        if attn not in ("sdpa", "eager", PACKED_GQA):
             raise ValueError(f"attention implementation {attn!r} unsupported; load with attn_implementation='sdpa'")
-        self._bool_mask = attn == "sdpa"
+        if attention not in ("packed_gqa", "sdpa"):
+            raise ValueError(f"attention must be 'packed_gqa' or 'sdpa', got {attention!r}")
+        if attention == "packed_gqa" and attn == "sdpa":
+            use_packed_gqa(model)  # GQA without per-layer K/V copies (see omni_rt.engine.attention)
+        self.attention = getattr(model.config, "_attn_implementation", attn)
+        self._bool_mask = attn in ("sdpa", PACKED_GQA)
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
         on_gpu = self.device.type == "cuda"
@@ -93,8 +122,10 @@ class TorchEngine:
         # per-slot sampling parameters and generated-token history (penalties, n-grams, seeded noise)
         self.sampler = SlotSampler(max_batch_size, self.vocab_size, self.max_seq_len, self.device)
         self._arange = torch.arange(self.max_seq_len, device=self.device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._graph_logits: dict[int, torch.Tensor] = {}
+        self.context_buckets = self._context_buckets(context_buckets)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch bucket, context bucket)
+        self._graph_out: torch.Tensor | None = None  # [max_batch_size, V]: every graph writes its logits here
+        self.capture_s = 0.0
         if self.static_kv and on_gpu and cuda_graphs:
             self._capture_graphs()
 
@@ -127,29 +158,60 @@ class TorchEngine:
         sizes = [1, 2, 4, 8] + list(range(16, self.max_batch_size + 1, 8))
         return sorted({b for b in sizes if b < self.max_batch_size} | {self.max_batch_size})
 
+    def _context_buckets(self, asked: Sequence[int] | None) -> list[int]:
+        """Attention lengths a static decode step reads: powers of two from 256 (or ``asked``) below
+        ``max_seq_len``, then ``max_seq_len``. Few buckets (5 for 4096) bound graph count and capture time;
+        rounding up at most doubles what a step reads."""
+        if asked is None:
+            asked, b = [], 256
+            while b < self.max_seq_len:
+                asked.append(b)
+                b *= 2
+        if any(int(c) < 1 for c in asked):
+            raise ValueError(f"context_buckets must be positive, got {list(asked)}")
+        return sorted({int(c) for c in asked if int(c) < self.max_seq_len} | {self.max_seq_len})
+
+    def _static_shape(self, n: int) -> tuple[int, int]:
+        """(batch bucket, context bucket) of a static decode step over rows ``0..n-1``."""
+        need = max(self.lengths[:n]) + 1  # each row attends to its KV and writes its next position
+        if need > self.max_seq_len or n > self.max_batch_size:
+            raise ValueError(f"decode of {n} rows up to position {need} exceeds max_batch_size="
+                             f"{self.max_batch_size} / max_seq_len={self.max_seq_len}")
+        return next(b for b in self._buckets() if b >= n), next(c for c in self.context_buckets if c >= need)
+
     @torch.inference_mode()
     def _capture_graphs(self) -> None:
-        """One graph per batch-size bucket, largest first so smaller ones reuse its memory pool (nano-vllm).
+        """One graph per batch bucket x context bucket, largest first, all in one memory pool (nano-vllm):
+        intermediates are reused across graphs, and every graph copies its logits into one shared output
+        buffer, so memory is about one largest step, not one per graph.
 
-        Attention reads the whole preallocated length (fixed shapes); rows of a bucket past the live batch
-        are free slots: they compute garbage into their own slot, which the next prefill overwrites.
+        Rows of a bucket past the live batch are free (or still-prefilling) slots: they compute garbage into
+        their own slot at their own position, which that slot's next prefill overwrites.
         """
-        cap = self.kv.capacity
+        t0 = time.perf_counter()
         pool = None
         try:
-            for b in sorted(self._buckets(), reverse=True):
-                self._decode_forward(b, cap)  # warm-up: lazy inits, cuBLAS workspaces
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self._graph_logits[b] = self._decode_forward(b, cap)
-                pool = graph.pool() if pool is None else pool
-                self.graphs[b] = graph
+            for ctx in sorted(self.context_buckets, reverse=True):
+                for b in sorted(self._buckets(), reverse=True):
+                    logits = self._decode_forward(b, ctx)  # warm-up: lazy inits, cuBLAS workspaces
+                    if self._graph_out is None:
+                        self._graph_out = torch.empty(
+                            (self.max_batch_size, logits.shape[-1]), dtype=logits.dtype, device=self.device
+                        )
+                    torch.cuda.synchronize(self.device)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        self._graph_out[:b].copy_(self._decode_forward(b, ctx))
+                    pool = graph.pool() if pool is None else pool
+                    self.graphs[(b, ctx)] = graph
             torch.cuda.synchronize(self.device)
         except Exception as exc:  # a model whose forward cannot be captured still serves, eagerly
             log.warning("CUDA graph capture failed (%s: %s); decoding eagerly", type(exc).__name__, exc)
             self.graphs.clear()
-            self._graph_logits.clear()
+        self.capture_s = time.perf_counter() - t0
+        if self.graphs:
+            log.info("captured %d decode graphs (%d batch x %d context buckets) in %.1f s",
+                     len(self.graphs), len(self._buckets()), len(self.context_buckets), self.capture_s)
         self.kv.k.zero_()
         self.kv.v.zero_()
 
@@ -169,11 +231,8 @@ class TorchEngine:
         pick the next token, which becomes the slot's next decode input. ``mask`` [1, V] bool: allowed tokens
         (a tool-call grammar). ``sample_next=False`` is a chunk of a longer prompt (chunked prefill): no token
         is picked; returns -1. (``generator`` is unused: seeded randomness is per slot, see ``sampling``.)"""
+        self._check_prefill(token_ids, start)
         end = start + len(token_ids)
-        if end >= self.max_seq_len:
-            raise ValueError(f"prompt of {end} tokens does not fit max_seq_len={self.max_seq_len}")
-        if max(token_ids) >= self.vocab_size:
-            raise ValueError(f"token id {max(token_ids)} out of the model's vocabulary ({self.vocab_size})")
         self.kv.ensure_capacity(end, slot + 1)
         self.kv.for_prefill(slot, start)
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
@@ -192,6 +251,63 @@ class TorchEngine:
         return int(tok[0])
 
     @torch.inference_mode()
+    def prefill_batch(self, items: Sequence[PrefillItem]) -> list[int]:
+        """Several slots' prefill chunks in one forward (concurrent new sessions): rows right-aligned to the
+        longest chunk (left padding, so ``logits_to_keep=1`` is each row's last real token), each row writing
+        its own slot's K/V at its own positions; pad tokens are never written (``SlotKVCache.for_prefill_batch``).
+        Returns each item's next token, as ``prefill`` does (-1 where ``sample_next`` is False). The caller
+        bounds ``len(items) x longest chunk``: that is what the forward costs."""
+        if len(items) == 1:
+            it = items[0]
+            return [self.prefill(it.slot, it.token_ids, it.start, it.params, None, it.mask, it.sample_next)]
+        slots = [it.slot for it in items]
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"prefill_batch: a slot appears twice in {slots}")
+        for it in items:
+            self._check_prefill(it.token_ids, it.start)
+        width = max(it.start + len(it.token_ids) for it in items)
+        t_max = max(len(it.token_ids) for it in items)
+        self.kv.ensure_capacity(width, max(slots) + 1)
+        rows = len(items)
+        ids = torch.zeros((rows, t_max), dtype=torch.long)
+        pos = torch.zeros((rows, t_max), dtype=torch.long)
+        for r, it in enumerate(items):
+            pad = t_max - len(it.token_ids)
+            ids[r, pad:] = torch.tensor(it.token_ids, dtype=torch.long)
+            # pad tokens get (clamped) positions before the row's first: their queries see only that row's
+            # real KV, so they stay finite, and nothing reads them
+            pos[r] = (torch.arange(t_max) - pad + it.start).clamp(min=0)
+        ids, pos = ids.to(self.device), pos.to(self.device)
+        self.kv.for_prefill_batch(slots, [it.start for it in items], [len(it.token_ids) for it in items], t_max)
+        allowed = (self._arange[None, None, :width] <= pos[:, :, None])[:, None]
+        logits = self._forward(ids, pos, allowed)
+        out = []
+        for r, it in enumerate(items):
+            end = it.start + len(it.token_ids)
+            self.pos[it.slot] = end
+            self.lengths[it.slot] = end
+            self.sampler.assign(it.slot, it.params)
+            if not it.sample_next:
+                out.append(-1)
+                continue
+            row = logits[r : r + 1]
+            if it.mask is not None:
+                row = row.masked_fill(~it.mask, float("-inf"))
+            tok = self.sampler.select(row, slice(it.slot, it.slot + 1))
+            self.tokens[it.slot] = tok[0]
+            out.append(int(tok[0]))
+        return out
+
+    def _check_prefill(self, token_ids: list[int], start: int) -> None:
+        end = start + len(token_ids)
+        if not token_ids:
+            raise ValueError("empty prefill chunk")
+        if end >= self.max_seq_len:
+            raise ValueError(f"prompt of {end} tokens does not fit max_seq_len={self.max_seq_len}")
+        if max(token_ids) >= self.vocab_size:
+            raise ValueError(f"token id {max(token_ids)} out of the model's vocabulary ({self.vocab_size})")
+
+    @torch.inference_mode()
     def decode(
         self,
         n: int,
@@ -203,12 +319,13 @@ class TorchEngine:
         sampling parameters were set at its prefill; ``params``/``generators`` are unused). ``mask`` [n, V]
         bool: allowed tokens per row (grammar rows; unconstrained rows all True)."""
         if self.static_kv:
-            bucket = next(b for b in self._buckets() if b >= n)
-            if bucket in self.graphs:
-                self.graphs[bucket].replay()
-                logits = self._graph_logits[bucket][:n]
+            key = self._static_shape(n)
+            graph = self.graphs.get(key)
+            if graph is not None:
+                graph.replay()
+                logits = self._graph_out[:n]
             else:
-                logits = self._decode_forward(bucket, self.kv.capacity)[:n]
+                logits = self._decode_forward(*key)[:n]
         else:
             view_len = max(self.lengths[:n]) + 1
             self.kv.ensure_capacity(view_len, n)
