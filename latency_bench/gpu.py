@@ -1,0 +1,406 @@
+"""GPU preset benchmark on random weights of the real shapes: no hub weights, no network, one command.
+
+    python -m latency_bench.gpu            # one GPU (target: <= 8 minutes on one H200)
+    python -m latency_bench.gpu --smoke    # the same code on CPU at tiny sizes (< 1 minute; the test suite runs it)
+
+Sections (all in one JSON, ``latency_bench/results/gpu.json`` or ``gpu-smoke.json``):
+
+* ``bandwidth`` — device memory bandwidth from a big device-to-device copy (read + write bytes / time);
+* ``decode`` — thinker (Qwen2.5-7B shape) and codec LM (Orpheus 3B shape) decode ms/step at batch 1/8/32 and
+  context 512/2048/4096, against the weight-read floor (bytes a step must read / measured bandwidth; the
+  ``+KV`` floor adds the live K/V of every row). Each row's KV is filled by real (chunked) prefills;
+* ``equality`` — greedy tokens of the graph path vs the eager path on a small shape (on CPU: the static-KV
+  eager path vs the growable one), same prompts: must be identical;
+* ``preset`` — the gpu preset through the Coordinator (every stage on random weights via the factories'
+  ``random_init``): time from the end of a text turn to the first vocoder PCM (TTFA), and playback
+  underruns (a 24 kHz player started at the first chunk runs dry before the next arrives), at 1/8/16
+  concurrent sessions. Each answer is followed for ``audio_s`` seconds of audio, then aborted (a random
+  codec LM never ends a clause early, so a whole answer would only measure the clause budget).
+
+Random weights time the same kernels as trained ones, but not the same answers: answer lengths are fixed
+(``ignore_eos`` + ``max_tokens``), and the text is SmolLM2's tokenizer decoding random ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import inspect
+import json
+import logging
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from latency_bench import report
+
+log = logging.getLogger("latency_bench.gpu")
+
+THINKER = "Qwen/Qwen2.5-7B-Instruct"
+CODEC_LM = "canopylabs/orpheus-3b-0.1-ft"
+SR = 24000
+# the issue's targets (one H200, random weights of the real shapes)
+TARGETS = {
+    "ttfa_p50_1": 150.0,  # ms, 1 session
+    "ttfa_p95_16": 300.0,  # ms, 16 sessions
+    "underruns_16": 0,
+    "talker_ms_b32": 12.0,  # codec LM ms/step at batch 32
+    "thinker_floor_ratio_b1": 2.0,  # thinker ms/step at batch 1 / weight-read floor
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run measures; ``FULL`` on a GPU, ``SMOKE`` on CPU at tiny sizes."""
+
+    device: str
+    dtype: str
+    size: str  # random_init size: "full" | "tiny"
+    batches: tuple[int, ...]
+    contexts: tuple[int, ...]
+    steps: int  # timed decode steps per (batch, context)
+    copy_mib: int  # bandwidth probe size
+    sessions: tuple[int, ...]
+    turns: int  # answers per session per level
+    answer_tokens: int  # thinker tokens per answer (ignore_eos)
+    audio_s: float  # seconds of audio followed per answer
+    max_batch_size: int | None  # preset engines' slots (None: the preset's own)
+    turn_timeout_s: float
+
+
+FULL = Plan(device="cuda", dtype="bfloat16", size="full", batches=(1, 8, 32), contexts=(512, 2048, 4096), steps=32,
+            copy_mib=4096, sessions=(1, 8, 16), turns=3, answer_tokens=48, audio_s=4.0, max_batch_size=None,
+            turn_timeout_s=60.0)
+SMOKE = Plan(device="cpu", dtype="float32", size="tiny", batches=(1, 2), contexts=(64, 128), steps=3, copy_mib=64,
+             sessions=(1, 2), turns=1, answer_tokens=12, audio_s=0.3, max_batch_size=4, turn_timeout_s=60.0)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------- bandwidth
+@torch.inference_mode()
+def measure_bandwidth(device: str, mib: int, iters: int = 10) -> dict[str, Any]:
+    """GB/s of a device copy of ``mib`` MiB (bytes read + written per second), best of ``iters``."""
+    dev = torch.device(device)
+    n = mib * 1024 * 1024
+    src = torch.empty(n, dtype=torch.uint8, device=dev).fill_(1)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    best = float("inf")
+    for _ in range(iters):
+        _sync(dev)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        _sync(dev)
+        best = min(best, time.perf_counter() - t0)
+    del src, dst
+    return {"copy_mib": mib, "gb_per_s": round(2 * n / best / 1e9, 1)}
+
+
+# ---------------------------------------------------------------------------------------------- decode
+def _fill(engine, slots: int, upto: int, vocab: int, chunk: int = 2048) -> None:
+    """Extend every slot's KV to ``upto`` tokens with real prefills (chunked: bounded activations)."""
+    from omni_rt.engine.request import SamplingParams
+
+    g = torch.Generator().manual_seed(upto)
+    for slot in range(slots):
+        cur = engine.lengths[slot]
+        while cur < upto:
+            n = min(chunk, upto - cur)
+            ids = torch.randint(10, vocab, (n,), generator=g).tolist()
+            engine.prefill(slot, ids, cur, SamplingParams(), sample_next=cur + n >= upto)
+            cur += n
+
+
+def decode_rows(model_id: str, plan: Plan, gb_per_s: float) -> list[dict[str, Any]]:
+    """ms per decode step of ``model_id``'s shape for every (context, batch), with the read floors."""
+    from omni_rt.engine.random_init import build_causal_lm, decode_weight_bytes
+    from omni_rt.engine.torch_engine import TorchEngine
+    from omni_rt.engine.weights import torch_dtype
+
+    t0 = time.perf_counter()
+    model = build_causal_lm(model_id, dtype=torch_dtype(plan.dtype), device=plan.device, size=plan.size)
+    cfg = model.config
+    max_b = max(plan.batches)
+    # room for every timed step after the largest context (each batch level advances rows by warm-up + steps)
+    engine = TorchEngine(model, max_batch_size=max_b, max_seq_len=max(plan.contexts) + (plan.steps + 2) * len(plan.batches) + 8)
+    weight_bytes = decode_weight_bytes(model)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * model.dtype.itemsize
+    setup_s = time.perf_counter() - t0
+    rows = []
+    vocab = min(cfg.vocab_size, 49152)
+    for ctx in plan.contexts:
+        _fill(engine, max_b, ctx, vocab)
+        for b in plan.batches:
+            for _ in range(2):  # warm-up (first use of a shape / graph)
+                engine.decode(b)
+            _sync(engine.device)
+            t1 = time.perf_counter()
+            for _ in range(plan.steps):
+                engine.decode(b)  # returns host token ids: each step ends synchronised
+            ms = (time.perf_counter() - t1) * 1000 / plan.steps
+            live_kv = kv_per_token * sum(engine.lengths[:b])
+            floor = weight_bytes / (gb_per_s * 1e9) * 1000
+            rows.append({
+                "model": model_id, "batch": b, "context": ctx, "ms_per_step": round(ms, 3),
+                "floor_ms": round(floor, 3), "floor_kv_ms": round((weight_bytes + live_kv) / (gb_per_s * 1e9) * 1000, 3),
+                "x_floor": round(ms / floor, 2), "tokens_per_s": round(b * 1000 / ms, 1),
+            })
+    info = {"model": model_id, "weight_gb": round(weight_bytes / 1e9, 3), "kv_bytes_per_token": kv_per_token,
+            "cuda_graphs": sorted(engine.graphs), "static_kv": engine.static_kv, "kv_capacity": engine.kv.capacity,
+            "setup_s": round(setup_s, 1)}
+    del engine, model
+    _free()
+    return [{**r, **{"info": info}} for r in rows]
+
+
+# ---------------------------------------------------------------------------------------------- equality
+def greedy_tokens(engine, prompts: list[list[int]], steps: int) -> list[list[int]]:
+    """Greedy continuation of every prompt, decoded as one batch (rows in slots 0..n-1)."""
+    from omni_rt.engine.request import SamplingParams
+
+    out = []
+    for slot, p in enumerate(prompts):
+        out.append([engine.prefill(slot, p, 0, SamplingParams())])
+    for _ in range(steps):
+        for row, tok in zip(out, engine.decode(len(prompts))):
+            row.append(tok)
+    engine.reset()
+    return out
+
+
+def graph_equality(plan: Plan, steps: int = 24) -> dict[str, Any]:
+    """Same model, same prompts, greedy: CUDA graphs vs eager on a GPU; static-KV eager vs growable on CPU."""
+    from omni_rt.engine.random_init import build_causal_lm
+    from omni_rt.engine.torch_engine import TorchEngine
+    from omni_rt.engine.weights import torch_dtype
+
+    model = build_causal_lm(THINKER, dtype=torch_dtype(plan.dtype), device=plan.device, size="tiny")
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(10, 49152, (n,), generator=g).tolist() for n in (5, 17, 33, 9)]
+    kw = dict(max_batch_size=len(prompts), max_seq_len=128)
+    if torch.device(plan.device).type == "cuda":
+        fast = TorchEngine(model, cuda_graphs=True, **kw)
+        ref = TorchEngine(model, cuda_graphs=False, **kw)
+        compared = "cuda graphs vs eager" if fast.graphs else "eager vs eager (graph capture failed)"
+    else:
+        fast = TorchEngine(model, static_kv=True, **kw)
+        ref = TorchEngine(model, static_kv=False, **kw)
+        compared = "static-KV eager vs growable"
+    a, b = greedy_tokens(fast, prompts, steps), greedy_tokens(ref, prompts, steps)
+    mismatch = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    del fast, ref, model
+    _free()
+    return {"compared": compared, "rows": len(prompts), "steps": steps, "tokens_equal": not mismatch and bool(a),
+            "mismatched_rows": mismatch, "distinct_tokens": len({t for row in a for t in row})}
+
+
+# ---------------------------------------------------------------------------------------------- preset
+def preset_config(plan: Plan):
+    """The gpu preset with random weights on every stage that supports them and this plan's device/dtype.
+    Args are set by what each factory accepts (never by stage name), so a restructured preset still runs."""
+    from omni_rt.core.config import import_string
+    from omni_rt.engine.random_init import apply_random_weights
+    from omni_rt.presets import load_preset
+
+    config = load_preset("gpu")
+    changed = apply_random_weights(config, plan.size)
+    for st in config.stages:
+        params = inspect.signature(import_string(st.factory)).parameters
+        want = {"device": plan.device, "dtype": plan.dtype, "ignore_eos": True}
+        if plan.max_batch_size is not None:
+            want["max_batch_size"] = plan.max_batch_size
+        st.args.update({k: v for k, v in want.items() if k in params})
+    return config, changed
+
+
+def playback(deltas: list[tuple[float, int]]) -> tuple[int, float]:
+    """Underruns of a 24 kHz player started at the first chunk: (count, total gap ms)."""
+    from latency_bench.realtime_bench import simulate_playback
+
+    return simulate_playback(deltas)
+
+
+async def one_answer(coord, rid: str, plan: Plan, seed: int) -> dict[str, Any]:
+    """One text turn: TTFA (submit -> first PCM of the audio role's stage) and underruns over ``audio_s``."""
+    from omni_rt.core.coordinator import ResultItem, StreamItem
+
+    audio_stage = coord.config.roles.audio
+    payload = {"messages": [{"role": "user", "content": "Tell me about the weather today."}],
+               "max_tokens": plan.answer_tokens, "ignore_eos": True, "temperature": 1.0, "seed": seed}
+    deltas: list[tuple[float, int]] = []
+    t0 = time.perf_counter()
+    want = int(plan.audio_s * SR)
+    got = 0
+    ended = "audio_s reached"
+    async with asyncio.timeout(plan.turn_timeout_s):
+        async with contextlib.aclosing(coord.stream(rid, payload, entry=coord.roles.response)) as items:
+            async for item in items:
+                if isinstance(item, StreamItem) and item.stage == audio_stage:
+                    deltas.append((item.t, item.data.samples))  # stamped when the vocoder's chunk left the stage
+                    got += item.data.samples
+                    if got >= want:
+                        break  # aclosing -> the coordinator aborts the rest of the answer everywhere
+                elif isinstance(item, ResultItem):
+                    ended = "answer ended"
+    if not deltas:
+        raise RuntimeError(f"answer {rid} produced no audio ({ended})")
+    count, gap = playback(deltas)
+    return {"ttfa_ms": round((deltas[0][0] - t0) * 1000, 1), "underruns": count, "underrun_ms": round(gap, 1),
+            "audio_s": round(got / SR, 2), "chunks": len(deltas), "ended": ended}
+
+
+async def preset_latency(plan: Plan) -> dict[str, Any]:
+    from omni_rt.core.coordinator import Coordinator
+
+    t0 = time.perf_counter()
+    config, changed = preset_config(plan)
+    coord = Coordinator(config)
+    await coord.start()
+    start_s = time.perf_counter() - t0
+    levels = {}
+    try:
+        await one_answer(coord, "warmup", plan, 0)  # not recorded: lazy inits, allocator, first graphs
+        await asyncio.sleep(0.1)
+        for n in plan.sessions:
+
+            async def session(i: int, n: int = n) -> list[dict[str, Any]]:
+                return [await one_answer(coord, f"s{n}-{i}-t{k}", plan, 100 * i + k) for k in range(plan.turns)]
+
+            t1 = time.perf_counter()
+            per = await asyncio.gather(*(session(i) for i in range(n)))
+            turns = [t for s in per for t in s]
+            ttfa = [t["ttfa_ms"] for t in turns]
+            levels[str(n)] = {
+                "sessions": n, "answers": len(turns), "wall_s": round(time.perf_counter() - t1, 1),
+                "ttfa_ms": report.summarize(ttfa),
+                "underruns_total": sum(t["underruns"] for t in turns),
+                "underrun_ms_total": round(sum(t["underrun_ms"] for t in turns), 1),
+                "audio_s_mean": round(statistics.mean(t["audio_s"] for t in turns), 2),
+                "turns": turns,
+            }
+            await asyncio.sleep(0.2)  # aborted answers finish unwinding before the next level
+    finally:
+        await coord.stop()
+        del coord
+        _free()
+    return {"stages_random": changed, "start_s": round(start_s, 1), "audio_s_per_answer": plan.audio_s,
+            "answer_tokens": plan.answer_tokens, "levels": levels}
+
+
+# ---------------------------------------------------------------------------------------------- run + report
+def run(plan: Plan, smoke: bool) -> dict[str, Any]:
+    """Every section, in order; returns the result dict (written by ``main``)."""
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {"kind": "gpu-smoke" if smoke else "gpu", "plan": asdict(plan),
+                              "machine": report.machine_info(), "torch": torch.__version__}
+    import transformers
+
+    result["transformers"] = transformers.__version__
+    bw = measure_bandwidth(plan.device, plan.copy_mib)
+    result["bandwidth"] = bw
+    print(f"bandwidth: {bw['gb_per_s']} GB/s ({plan.copy_mib} MiB device copy)", flush=True)
+    rows = []
+    for mid in (THINKER, CODEC_LM):
+        rows += decode_rows(mid, plan, bw["gb_per_s"])
+        print(f"decode {mid}: done ({time.perf_counter() - t0:.0f} s)", flush=True)
+    result["decode"] = [{k: v for k, v in r.items() if k != "info"} for r in rows]
+    result["decode_models"] = {r["info"]["model"]: r["info"] for r in rows}
+    result["equality"] = graph_equality(plan)
+    print(f"equality: {result['equality']}", flush=True)
+    result["preset"] = asyncio.run(preset_latency(plan))
+    result["targets"] = check_targets(result)
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+def _step_ms(result: dict[str, Any], model: str, batch: int) -> dict[str, Any] | None:
+    """The decode row of ``model`` at ``batch`` and the smallest measured context (the target's case)."""
+    rows = [r for r in result["decode"] if r["model"] == model and r["batch"] == batch]
+    return min(rows, key=lambda r: r["context"]) if rows else None
+
+
+def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets against this run (only meaningful for the full run on one H200)."""
+    levels = result["preset"]["levels"]
+    lo, hi = min(levels, key=int), max(levels, key=int)
+    b_max = max(r["batch"] for r in result["decode"])
+    talker = _step_ms(result, CODEC_LM, b_max)
+    thinker = _step_ms(result, THINKER, 1)
+    return [
+        {"what": f"TTFA p50 at {lo} session(s)", "value": levels[lo]["ttfa_ms"]["p50"], "target": "<= 150 ms",
+         "ok": levels[lo]["ttfa_ms"]["p50"] <= TARGETS["ttfa_p50_1"]},
+        {"what": f"TTFA p95 at {hi} sessions", "value": levels[hi]["ttfa_ms"]["p95"], "target": "<= 300 ms",
+         "ok": levels[hi]["ttfa_ms"]["p95"] <= TARGETS["ttfa_p95_16"]},
+        {"what": f"playback underruns at {hi} sessions", "value": levels[hi]["underruns_total"], "target": "0",
+         "ok": levels[hi]["underruns_total"] <= TARGETS["underruns_16"]},
+        {"what": f"talker ms/step at batch {b_max} (ctx {talker['context']})", "value": talker["ms_per_step"],
+         "target": "<= 12 ms", "ok": talker["ms_per_step"] <= TARGETS["talker_ms_b32"]},
+        {"what": f"thinker batch 1 / weight-read floor (ctx {thinker['context']})", "value": thinker["x_floor"],
+         "target": "<= 2.0x", "ok": thinker["x_floor"] <= TARGETS["thinker_floor_ratio_b1"]},
+    ]
+
+
+def table(result: dict[str, Any]) -> str:
+    """The printed report (markdown tables: the README's GPU section pastes it)."""
+    out = [f"# GPU benchmark ({result['kind']}): {result['machine']['gpu']}, torch {result['torch']}, "
+           f"transformers {result['transformers']}, {result['wall_s']} s",
+           f"bandwidth {result['bandwidth']['gb_per_s']} GB/s; graph vs eager: {result['equality']['compared']}, "
+           f"tokens equal: {result['equality']['tokens_equal']}", "",
+           "| model | batch | context | ms/step | weight floor ms | +KV floor ms | x floor | tok/s |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["decode"]:
+        out.append(f"| {r['model']} | {r['batch']} | {r['context']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | "
+                   f"{r['floor_kv_ms']:.2f} | {r['x_floor']:.1f} | {r['tokens_per_s']:.0f} |")
+    out += ["", "| sessions | answers | TTFA p50 ms | TTFA p95 ms | TTFA max ms | underruns | underrun ms |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]
+    for lv in result["preset"]["levels"].values():
+        t = lv["ttfa_ms"]
+        out.append(f"| {lv['sessions']} | {lv['answers']} | {t['p50']} | {t['p95']} | {t['max']} | "
+                   f"{lv['underruns_total']} | {lv['underrun_ms_total']} |")
+    out += ["", "| target | measured | target | met |", "|---|---:|---:|---|"]
+    for t in result["targets"]:
+        out.append(f"| {t['what']} | {t['value']} | {t['target']} | {'yes' if t['ok'] else 'no'} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(prog="python -m latency_bench.gpu", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, batch 1/2, context 64/128, 1-2 sessions")
+    ap.add_argument("--device", default=None, help="default: cuda (cpu with --smoke)")
+    ap.add_argument("--out", default=None, help="JSON path (default latency_bench/results/gpu[-smoke].json)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    plan = SMOKE if args.smoke else FULL
+    if args.device:
+        plan = Plan(**{**asdict(plan), "device": args.device})
+    if torch.device(plan.device).type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run `python -m latency_bench.gpu --smoke` on CPU")
+    result = run(plan, args.smoke)
+    print(table(result))
+    out = Path(args.out) if args.out else report.RESULTS_DIR / ("gpu-smoke.json" if args.smoke else "gpu.json")
+    report.write_json(result, out)
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
