@@ -30,6 +30,7 @@ import gc
 import inspect
 import json
 import logging
+import math
 import os
 import statistics
 import time
@@ -282,18 +283,25 @@ async def preset_latency(plan: Plan) -> dict[str, Any]:
         for n in plan.sessions:
 
             async def session(i: int, n: int = n) -> list[dict[str, Any]]:
-                return [await one_answer(coord, f"s{n}-{i}-t{k}", plan, 100 * i + k) for k in range(plan.turns)]
+                turns = []
+                for k in range(plan.turns):
+                    try:
+                        turns.append(await one_answer(coord, f"s{n}-{i}-t{k}", plan, 100 * i + k))
+                    except Exception as exc:  # noqa: BLE001 - one failed answer is a result, not the end of the run
+                        turns.append({"failure": f"{type(exc).__name__}: {exc}"})
+                return turns
 
             t1 = time.perf_counter()
             per = await asyncio.gather(*(session(i) for i in range(n)))
             turns = [t for s in per for t in s]
-            ttfa = [t["ttfa_ms"] for t in turns]
+            ok = [t for t in turns if "failure" not in t]
             levels[str(n)] = {
-                "sessions": n, "answers": len(turns), "wall_s": round(time.perf_counter() - t1, 1),
-                "ttfa_ms": report.summarize(ttfa),
-                "underruns_total": sum(t["underruns"] for t in turns),
-                "underrun_ms_total": round(sum(t["underrun_ms"] for t in turns), 1),
-                "audio_s_mean": round(statistics.mean(t["audio_s"] for t in turns), 2),
+                "sessions": n, "answers": len(turns), "failures": len(turns) - len(ok),
+                "wall_s": round(time.perf_counter() - t1, 1),
+                "ttfa_ms": report.summarize(t["ttfa_ms"] for t in ok),
+                "underruns_total": sum(t["underruns"] for t in ok),
+                "underrun_ms_total": round(sum(t["underrun_ms"] for t in ok), 1),
+                "audio_s_mean": round(statistics.mean(t["audio_s"] for t in ok), 2) if ok else None,
                 "turns": turns,
             }
             await asyncio.sleep(0.2)  # aborted answers finish unwinding before the next level
@@ -306,77 +314,124 @@ async def preset_latency(plan: Plan) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- run + report
-def run(plan: Plan, smoke: bool) -> dict[str, Any]:
-    """Every section, in order; returns the result dict (written by ``main``)."""
+def run(plan: Plan, smoke: bool, out: Path | None = None) -> dict[str, Any]:
+    """Every section, in order. A failing section is recorded as ``{"error": ...}`` and the next one runs; the
+    JSON is rewritten after each section (a GPU run cut short by its time limit keeps what it measured)."""
     t0 = time.perf_counter()
-    result: dict[str, Any] = {"kind": "gpu-smoke" if smoke else "gpu", "plan": asdict(plan),
-                              "machine": report.machine_info(), "torch": torch.__version__}
     import transformers
 
-    result["transformers"] = transformers.__version__
-    bw = measure_bandwidth(plan.device, plan.copy_mib)
-    result["bandwidth"] = bw
-    print(f"bandwidth: {bw['gb_per_s']} GB/s ({plan.copy_mib} MiB device copy)", flush=True)
-    rows = []
-    for mid in (THINKER, CODEC_LM):
-        rows += decode_rows(mid, plan, bw["gb_per_s"])
-        print(f"decode {mid}: done ({time.perf_counter() - t0:.0f} s)", flush=True)
-    result["decode"] = [{k: v for k, v in r.items() if k != "info"} for r in rows]
-    result["decode_models"] = {r["info"]["model"]: r["info"] for r in rows}
-    result["equality"] = graph_equality(plan)
-    print(f"equality: {result['equality']}", flush=True)
-    result["preset"] = asyncio.run(preset_latency(plan))
-    result["targets"] = check_targets(result)
-    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    result: dict[str, Any] = {"kind": "gpu-smoke" if smoke else "gpu", "plan": asdict(plan),
+                              "machine": report.machine_info(), "torch": torch.__version__,
+                              "transformers": transformers.__version__}
+
+    def section(name: str, fn) -> Any:
+        try:
+            result[name] = fn()
+        except Exception as exc:  # noqa: BLE001 - recorded, and the other sections still run
+            log.exception("section %s failed", name)
+            result[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        result["wall_s"] = round(time.perf_counter() - t0, 1)
+        print(f"[{result['wall_s']:.0f} s] {name}: {'error ' + result[name]['error'] if _failed(result[name]) else 'done'}",
+              flush=True)
+        if out is not None:
+            report.write_json(result, out)
+        return result[name]
+
+    bw = section("bandwidth", lambda: measure_bandwidth(plan.device, plan.copy_mib))
+    gb_per_s = bw.get("gb_per_s") or math.nan
+
+    def decode() -> list[dict[str, Any]]:
+        rows, errors = [], {}
+        for mid in (THINKER, CODEC_LM):
+            try:
+                rows += decode_rows(mid, plan, gb_per_s)
+            except Exception as exc:  # noqa: BLE001 - the other model's rows are still worth having
+                log.exception("decode %s failed", mid)
+                errors[mid] = f"{type(exc).__name__}: {exc}"
+                _free()
+        if errors:
+            result["decode_errors"] = errors
+            print(f"decode errors: {errors}", flush=True)
+        result["decode_models"] = {r["info"]["model"]: r["info"] for r in rows}
+        return [{k: v for k, v in r.items() if k != "info"} for r in rows]
+
+    section("decode", decode)
+    section("equality", lambda: graph_equality(plan))
+    section("preset", lambda: asyncio.run(preset_latency(plan)))
+    section("targets", lambda: check_targets(result))
     return result
 
 
-def _step_ms(result: dict[str, Any], model: str, batch: int) -> dict[str, Any] | None:
+def _failed(value: Any) -> bool:
+    return isinstance(value, dict) and "error" in value
+
+
+def _step_ms(rows: list[dict[str, Any]], model: str, batch: int) -> dict[str, Any] | None:
     """The decode row of ``model`` at ``batch`` and the smallest measured context (the target's case)."""
-    rows = [r for r in result["decode"] if r["model"] == model and r["batch"] == batch]
+    rows = [r for r in rows if r["model"] == model and r["batch"] == batch]
     return min(rows, key=lambda r: r["context"]) if rows else None
 
 
 def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets against this run (only meaningful for the full run on one H200)."""
-    levels = result["preset"]["levels"]
-    lo, hi = min(levels, key=int), max(levels, key=int)
-    b_max = max(r["batch"] for r in result["decode"])
-    talker = _step_ms(result, CODEC_LM, b_max)
-    thinker = _step_ms(result, THINKER, 1)
-    return [
-        {"what": f"TTFA p50 at {lo} session(s)", "value": levels[lo]["ttfa_ms"]["p50"], "target": "<= 150 ms",
-         "ok": levels[lo]["ttfa_ms"]["p50"] <= TARGETS["ttfa_p50_1"]},
-        {"what": f"TTFA p95 at {hi} sessions", "value": levels[hi]["ttfa_ms"]["p95"], "target": "<= 300 ms",
-         "ok": levels[hi]["ttfa_ms"]["p95"] <= TARGETS["ttfa_p95_16"]},
-        {"what": f"playback underruns at {hi} sessions", "value": levels[hi]["underruns_total"], "target": "0",
-         "ok": levels[hi]["underruns_total"] <= TARGETS["underruns_16"]},
-        {"what": f"talker ms/step at batch {b_max} (ctx {talker['context']})", "value": talker["ms_per_step"],
-         "target": "<= 12 ms", "ok": talker["ms_per_step"] <= TARGETS["talker_ms_b32"]},
-        {"what": f"thinker batch 1 / weight-read floor (ctx {thinker['context']})", "value": thinker["x_floor"],
-         "target": "<= 2.0x", "ok": thinker["x_floor"] <= TARGETS["thinker_floor_ratio_b1"]},
-    ]
+    """The issue's targets against this run (only meaningful for the full run on one H200); a section that
+    failed leaves its targets unmet with no value."""
+    out: list[dict[str, Any]] = []
+
+    def add(what: str, value: Any, target: str, ok: bool) -> None:
+        out.append({"what": what, "value": value, "target": target, "ok": bool(ok) and value is not None})
+
+    levels = {} if _failed(result.get("preset")) else result["preset"]["levels"]
+    if levels:
+        lo, hi = min(levels, key=int), max(levels, key=int)
+        p50, p95 = levels[lo]["ttfa_ms"]["p50"], levels[hi]["ttfa_ms"]["p95"]
+        clean = lambda lv: lv["failures"] == 0  # noqa: E731 - a failed answer fails its level's targets
+        add(f"TTFA p50 at {lo} session(s)", p50, "<= 150 ms", clean(levels[lo]) and p50 is not None and p50 <= TARGETS["ttfa_p50_1"])
+        add(f"TTFA p95 at {hi} sessions", p95, "<= 300 ms", clean(levels[hi]) and p95 is not None and p95 <= TARGETS["ttfa_p95_16"])
+        under = levels[hi]["underruns_total"]
+        add(f"playback underruns at {hi} sessions", under, "0", clean(levels[hi]) and under <= TARGETS["underruns_16"])
+    else:
+        for what, target in (("TTFA p50 at 1 session", "<= 150 ms"), ("TTFA p95 at 16 sessions", "<= 300 ms"),
+                             ("playback underruns at 16 sessions", "0")):
+            add(what, None, target, False)
+    rows = [] if _failed(result.get("decode")) else result["decode"]
+    b_max = max((r["batch"] for r in rows), default=32)
+    talker, thinker = _step_ms(rows, CODEC_LM, b_max), _step_ms(rows, THINKER, 1)
+    add(f"talker ms/step at batch {b_max}" + (f" (ctx {talker['context']})" if talker else ""),
+        talker and talker["ms_per_step"], "<= 12 ms", talker and talker["ms_per_step"] <= TARGETS["talker_ms_b32"])
+    add("thinker batch 1 / weight-read floor" + (f" (ctx {thinker['context']})" if thinker else ""),
+        thinker and thinker["x_floor"], "<= 2.0x", thinker and thinker["x_floor"] <= TARGETS["thinker_floor_ratio_b1"])
+    return out
 
 
 def table(result: dict[str, Any]) -> str:
     """The printed report (markdown tables: the README's GPU section pastes it)."""
+    err = lambda name: result[name]["error"] if _failed(result.get(name)) else None  # noqa: E731
+    bw, eq = result.get("bandwidth", {}), result.get("equality", {})
     out = [f"# GPU benchmark ({result['kind']}): {result['machine']['gpu']}, torch {result['torch']}, "
-           f"transformers {result['transformers']}, {result['wall_s']} s",
-           f"bandwidth {result['bandwidth']['gb_per_s']} GB/s; graph vs eager: {result['equality']['compared']}, "
-           f"tokens equal: {result['equality']['tokens_equal']}", "",
-           "| model | batch | context | ms/step | weight floor ms | +KV floor ms | x floor | tok/s |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in result["decode"]:
-        out.append(f"| {r['model']} | {r['batch']} | {r['context']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | "
-                   f"{r['floor_kv_ms']:.2f} | {r['x_floor']:.1f} | {r['tokens_per_s']:.0f} |")
-    out += ["", "| sessions | answers | TTFA p50 ms | TTFA p95 ms | TTFA max ms | underruns | underrun ms |",
-            "|---:|---:|---:|---:|---:|---:|---:|"]
-    for lv in result["preset"]["levels"].values():
-        t = lv["ttfa_ms"]
-        out.append(f"| {lv['sessions']} | {lv['answers']} | {t['p50']} | {t['p95']} | {t['max']} | "
-                   f"{lv['underruns_total']} | {lv['underrun_ms_total']} |")
+           f"transformers {result['transformers']}, {result.get('wall_s')} s",
+           f"bandwidth {bw.get('gb_per_s')} GB/s; graph vs eager: {eq.get('compared')}, "
+           f"tokens equal: {eq.get('tokens_equal')}" + (f" (equality failed: {err('equality')})" if err("equality") else ""),
+           ""]
+    if err("decode"):
+        out.append(f"decode failed: {err('decode')}")
+    else:
+        out += ["| model | batch | context | ms/step | weight floor ms | +KV floor ms | x floor | tok/s |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in result["decode"]:
+            out.append(f"| {r['model']} | {r['batch']} | {r['context']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | "
+                       f"{r['floor_kv_ms']:.2f} | {r['x_floor']:.1f} | {r['tokens_per_s']:.0f} |")
+    out.append("")
+    if err("preset"):
+        out.append(f"preset failed: {err('preset')}")
+    else:
+        out += ["| sessions | answers | failed | TTFA p50 ms | TTFA p95 ms | TTFA max ms | underruns | underrun ms |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for lv in result["preset"]["levels"].values():
+            t = lv["ttfa_ms"]
+            out.append(f"| {lv['sessions']} | {lv['answers']} | {lv['failures']} | {t['p50']} | {t['p95']} | {t['max']} | "
+                       f"{lv['underruns_total']} | {lv['underrun_ms_total']} |")
     out += ["", "| target | measured | target | met |", "|---|---:|---:|---|"]
-    for t in result["targets"]:
+    for t in result.get("targets") if not _failed(result.get("targets")) else []:
         out.append(f"| {t['what']} | {t['value']} | {t['target']} | {'yes' if t['ok'] else 'no'} |")
     return "\n".join(out)
 
@@ -394,10 +449,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plan = Plan(**{**asdict(plan), "device": args.device})
     if torch.device(plan.device).type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run `python -m latency_bench.gpu --smoke` on CPU")
-    result = run(plan, args.smoke)
-    print(table(result))
     out = Path(args.out) if args.out else report.RESULTS_DIR / ("gpu-smoke.json" if args.smoke else "gpu.json")
-    report.write_json(result, out)
+    result = run(plan, args.smoke, out)
+    print(table(result))
     print(f"wrote {out}")
     return result
 

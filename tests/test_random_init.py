@@ -74,6 +74,15 @@ def test_random_codec_lm_speaks_audio_codes():
     assert len(toks) == 21 and all(ORPHEUS_CODE_OFFSET <= t < CODEC_LM_CODES_END for t in toks)
 
 
+def test_a_factory_naming_random_init_gets_it():
+    from omni_rt.engine.random_init import supports_random_init
+
+    assert supports_random_init("omni_rt.stages.vocoder:create_snac_vocoder", {})
+    assert not supports_random_init("omni_rt.stages.talker:create_piper_talker", {})  # no such parameter
+    assert not supports_random_init("omni_rt.engine.factory:create_ar_scheduler", {"model": "smollm2"})
+    assert not supports_random_init("no.such.module:fn", {})
+
+
 def test_random_init_refuses_what_it_cannot_build():
     from omni_rt.engine.factory import create_ar_scheduler
     from omni_rt.stages.asr import create_asr_stage
@@ -95,9 +104,12 @@ def test_random_weights_flag_reaches_every_supporting_stage(monkeypatch):
     main(["serve", "--preset", "gpu", "--random-weights", "tiny"])
     assert seen["settings"].random_weights == "tiny"
     cfg = Runtime(seen["settings"]).config
-    for st in cfg.stages:
-        assert st.args["random_init"] is True, st.name
-        assert st.args.get("random_size") == (None if st.factory.endswith("create_snac_vocoder") else "tiny")
+    by_factory = {st.factory.rsplit(":", 1)[1]: st for st in cfg.stages}
+    for fn in ("create_asr_stage", "create_ar_scheduler", "create_snac_vocoder"):  # thinker at least
+        assert by_factory[fn].args["random_init"] is True, fn
+        assert by_factory[fn].args.get("random_size") == (None if fn == "create_snac_vocoder" else "tiny")
+    codec = [st for st in cfg.stages if st.args.get("model") == CODEC_LM]  # the talker, or a codec_lm stage
+    assert codec and all(st.args["random_init"] is True for st in codec)
     cpu = load_preset("cpu")  # faster-whisper, the packaged SmolLM2, Piper: nothing to randomise there
     assert apply_random_weights(cpu) == []
     assert not any("random_init" in st.args for st in cpu.stages)
@@ -114,7 +126,7 @@ async def test_gpu_preset_on_random_weights_end_to_end(speech_samples):
     from omni_rt.stages.contracts import TranscriptFinal
 
     cfg = load_preset("gpu")
-    assert len(apply_random_weights(cfg, "tiny")) == len(cfg.stages)
+    assert len(apply_random_weights(cfg, "tiny")) >= 4  # ASR, thinker, codec LM, vocoder
     for st in cfg.stages:
         params = inspect.signature(import_string(st.factory)).parameters
         small = {"device": "cpu", "dtype": "float32", "max_batch_size": 2, "max_tokens_per_clause": 7 * 4}

@@ -72,7 +72,8 @@ _TINY_WHISPER = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_att
 # output rows a stage can use are scaled by this: random logits then pick them (x100 as tests/test_gpu_preset_paths)
 FAVOUR = 100.0
 
-# factories whose stages take ``random_init`` (the SNAC vocoder's only has no ``random_size``)
+# factories whose stages take ``random_init`` (the SNAC vocoder's has no ``random_size``); any other factory with
+# an explicit ``random_init`` parameter is given it too (e.g. a stage added to the preset later)
 LM_FACTORIES = ("omni_rt.engine.factory:create_ar_scheduler", "omni_rt.stages.codec_talker:create_codec_talker")
 ASR_FACTORY = "omni_rt.stages.asr:create_asr_stage"
 VOCODER_FACTORY = "omni_rt.stages.vocoder:create_snac_vocoder"
@@ -167,7 +168,20 @@ def supports_random_init(factory: str, args: dict[str, Any]) -> bool:
         return args.get("backend", "torch") == "torch" and args.get("model") in CONFIGS
     if factory == ASR_FACTORY:
         return args.get("backend") == "transformers" and args.get("model") in CONFIGS
-    return False
+    return "random_init" in _explicit_params(factory)  # any other factory that names the argument takes it
+
+
+def _explicit_params(factory: str) -> set[str]:
+    """The named parameters of ``factory`` (not ``**kwargs``: passing an unknown key through would fail later)."""
+    import inspect
+
+    from omni_rt.core.config import import_string
+
+    try:
+        params = inspect.signature(import_string(factory)).parameters.values()
+    except (ImportError, TypeError, ValueError):
+        return set()
+    return {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
 
 
 def apply_random_weights(config: Any, size: Size = "full") -> list[str]:
@@ -179,7 +193,7 @@ def apply_random_weights(config: Any, size: Size = "full") -> list[str]:
             log.info("stage '%s' keeps its weights: random_init unsupported for %s", st.name, st.factory)
             continue
         st.args["random_init"] = True
-        if st.factory != VOCODER_FACTORY:
+        if st.factory in LM_FACTORIES or st.factory == ASR_FACTORY or "random_size" in _explicit_params(st.factory):
             st.args["random_size"] = size
         changed.append(st.name)
     return changed
