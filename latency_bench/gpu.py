@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import gc
 import inspect
-import json
 import logging
 import math
 import os
@@ -307,7 +306,6 @@ async def preset_latency(plan: Plan) -> dict[str, Any]:
             await asyncio.sleep(0.2)  # aborted answers finish unwinding before the next level
     finally:
         await coord.stop()
-        del coord
         _free()
     return {"stages_random": changed, "start_s": round(start_s, 1), "audio_s_per_answer": plan.audio_s,
             "answer_tokens": plan.answer_tokens, "levels": levels}
