@@ -8,7 +8,8 @@ Sections (all in one JSON, ``latency_bench/results/gpu.json`` or ``gpu-smoke.jso
 * ``bandwidth`` — device memory bandwidth from a big device-to-device copy (read + write bytes / time);
 * ``decode`` — thinker (Qwen2.5-7B shape) and codec LM (Orpheus 3B shape) decode ms/step at batch 1/8/32 and
   context 512/2048/4096, against the weight-read floor (bytes a step must read / measured bandwidth; the
-  ``+KV`` floor adds the live K/V of every row). Each row's KV is filled by real (chunked) prefills;
+  ``+KV`` floor adds the live K/V of every row). A step is ``TorchEngine.decode``: forward (a CUDA graph when
+  captured), sampling and the host read of the tokens, as the scheduler pays it. KV is filled by real prefills;
 * ``equality`` — greedy tokens of the graph path vs the eager path on a small shape (on CPU: the static-KV
   eager path vs the growable one), same prompts: must be identical;
 * ``preset`` — the gpu preset through the Coordinator (every stage on random weights via the factories'
@@ -114,18 +115,19 @@ def measure_bandwidth(device: str, mib: int, iters: int = 10) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- decode
-def _fill(engine, slots: int, upto: int, vocab: int, chunk: int = 2048) -> None:
-    """Extend every slot's KV to ``upto`` tokens with real prefills (chunked: bounded activations)."""
+def _fill(engine, lengths: list[int], upto: int, vocab: int, chunk: int = 2048) -> None:
+    """Extend every slot's KV from ``lengths[slot]`` to ``upto`` tokens with real prefills (chunked: bounded
+    activations); ``lengths`` is kept here, not read from the engine's internals."""
     from omni_rt.engine.request import SamplingParams
 
     g = torch.Generator().manual_seed(upto)
-    for slot in range(slots):
-        cur = engine.lengths[slot]
+    for slot, cur in enumerate(lengths):
         while cur < upto:
             n = min(chunk, upto - cur)
             ids = torch.randint(10, vocab, (n,), generator=g).tolist()
             engine.prefill(slot, ids, cur, SamplingParams(), sample_next=cur + n >= upto)
             cur += n
+        lengths[slot] = cur
 
 
 def decode_rows(model_id: str, plan: Plan, gb_per_s: float) -> list[dict[str, Any]]:
@@ -146,8 +148,9 @@ def decode_rows(model_id: str, plan: Plan, gb_per_s: float) -> list[dict[str, An
     setup_s = time.perf_counter() - t0
     rows = []
     vocab = min(cfg.vocab_size, 49152)
+    lengths = [0] * max_b  # tokens in each slot's KV
     for ctx in plan.contexts:
-        _fill(engine, max_b, ctx, vocab)
+        _fill(engine, lengths, ctx, vocab)
         for b in plan.batches:
             for _ in range(2):  # warm-up (first use of a shape / graph)
                 engine.decode(b)
@@ -156,7 +159,8 @@ def decode_rows(model_id: str, plan: Plan, gb_per_s: float) -> list[dict[str, An
             for _ in range(plan.steps):
                 engine.decode(b)  # returns host token ids: each step ends synchronised
             ms = (time.perf_counter() - t1) * 1000 / plan.steps
-            live_kv = kv_per_token * sum(engine.lengths[:b])
+            lengths[:b] = [n + 2 + plan.steps for n in lengths[:b]]
+            live_kv = kv_per_token * sum(lengths[:b])
             floor = weight_bytes / (gb_per_s * 1e9) * 1000
             rows.append({
                 "model": model_id, "batch": b, "context": ctx, "ms_per_step": round(ms, 3),
@@ -164,7 +168,8 @@ def decode_rows(model_id: str, plan: Plan, gb_per_s: float) -> list[dict[str, An
                 "x_floor": round(ms / floor, 2), "tokens_per_s": round(b * 1000 / ms, 1),
             })
     info = {"model": model_id, "weight_gb": round(weight_bytes / 1e9, 3), "kv_bytes_per_token": kv_per_token,
-            "cuda_graphs": sorted(engine.graphs), "static_kv": engine.static_kv, "kv_capacity": engine.kv.capacity,
+            "cuda_graphs": sorted(getattr(engine, "graphs", {})), "static_kv": getattr(engine, "static_kv", None),
+            "kv_capacity": getattr(engine.kv, "capacity", None),
             "setup_s": round(setup_s, 1)}
     del engine, model
     _free()
