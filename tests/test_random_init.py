@@ -80,6 +80,8 @@ def test_a_factory_naming_random_init_gets_it():
     assert supports_random_init("omni_rt.stages.vocoder:create_snac_vocoder", {})
     assert not supports_random_init("omni_rt.stages.talker:create_piper_talker", {})  # no such parameter
     assert not supports_random_init("omni_rt.engine.factory:create_ar_scheduler", {"model": "smollm2"})
+    assert not supports_random_init("omni_rt.engine.factory.create_ar_scheduler", {"model": "smollm2"})  # dotted
+    assert supports_random_init("omni_rt.engine.factory.create_ar_scheduler", {"model": THINKER})
     assert not supports_random_init("no.such.module:fn", {})
 
 

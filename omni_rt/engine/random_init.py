@@ -162,6 +162,7 @@ def build_whisper(model_id: str, *, dtype: torch.dtype = torch.float32, device: 
 
 def supports_random_init(factory: str, args: dict[str, Any]) -> bool:
     """Whether a stage built by ``factory`` with ``args`` can run on random weights (by factory, never by name)."""
+    factory = _canonical(factory)
     if factory == VOCODER_FACTORY:
         return True
     if factory in LM_FACTORIES:
@@ -169,6 +170,14 @@ def supports_random_init(factory: str, args: dict[str, Any]) -> bool:
     if factory == ASR_FACTORY:
         return args.get("backend") == "transformers" and args.get("model") in CONFIGS
     return "random_init" in _explicit_params(factory)  # any other factory that names the argument takes it
+
+
+def _canonical(factory: str) -> str:
+    """``package.module.fn`` -> ``package.module:fn`` (both spellings are valid in a preset)."""
+    if ":" in factory:
+        return factory
+    module, _, attr = factory.rpartition(".")
+    return f"{module}:{attr}"
 
 
 def _explicit_params(factory: str) -> set[str]:
@@ -193,7 +202,8 @@ def apply_random_weights(config: Any, size: Size = "full") -> list[str]:
             log.info("stage '%s' keeps its weights: random_init unsupported for %s", st.name, st.factory)
             continue
         st.args["random_init"] = True
-        if st.factory in LM_FACTORIES or st.factory == ASR_FACTORY or "random_size" in _explicit_params(st.factory):
+        factory = _canonical(st.factory)
+        if factory in LM_FACTORIES or factory == ASR_FACTORY or "random_size" in _explicit_params(factory):
             st.args["random_size"] = size
         changed.append(st.name)
     return changed
