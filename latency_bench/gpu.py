@@ -167,7 +167,10 @@ def decode_rows(model_id: str, plan: Plan, gb_per_s: float) -> list[dict[str, An
                 "floor_ms": round(floor, 3), "floor_kv_ms": round((weight_bytes + live_kv) / (gb_per_s * 1e9) * 1000, 3),
                 "x_floor": round(ms / floor, 2), "tokens_per_s": round(b * 1000 / ms, 1),
             })
-    info = {"model": model_id, "weight_gb": round(weight_bytes / 1e9, 3), "kv_bytes_per_token": kv_per_token,
+    params = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    info = {"model": model_id, "param_gb": round(params / 1e9, 3),  # all parameters (the embedding table too)
+            "weight_gb": round(weight_bytes / 1e9, 3),  # what a step reads: the floor's numerator
+            "kv_bytes_per_token": kv_per_token,
             "cuda_graphs": sorted(getattr(engine, "graphs", {})), "static_kv": getattr(engine, "static_kv", None),
             "kv_capacity": getattr(engine.kv, "capacity", None),
             "setup_s": round(setup_s, 1)}
