@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--shutdown-grace-s", type=float, default=None, help="time open answers get at SIGTERM")
     serve.add_argument("--no-speculative", action="store_false", dest="speculative_responses", default=None,
                        help="do not start answers during the end-of-turn silence (for comparisons)")
+    serve.add_argument("--random-weights", nargs="?", const="full", default=None, choices=["full", "tiny"],
+                       help="random weights of the real model shapes on every stage that supports it (no hub "
+                       "weights needed: for benchmarks); 'tiny' shrinks them for a CPU smoke run")
     serve.add_argument("--log-level", default="info")
     prep = sub.add_parser("prepare", help="prepare and cache the weights a preset needs (GGUF -> safetensors)")
     prep.add_argument("--preset", default="cpu")

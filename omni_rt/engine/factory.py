@@ -53,6 +53,8 @@ def create_ar_scheduler(
     answer_policy: dict[str, Any] | None = None,
     languages: list[str] | None = None,
     prefill_chunk_tokens: int | None = None,
+    random_init: bool = False,
+    random_size: str = "full",
     **backend_kwargs: Any,
 ) -> ThreadedScheduler:
     """Build an AR scheduler (not started). ``model`` is ``"smollm2"`` (the packaged CPU thinker), a local
@@ -63,7 +65,13 @@ def create_ar_scheduler(
     ``llama.cpp`` runs ``model`` ("smollm2" = the packaged GGUF, or a ``.gguf`` path) on a managed
     ``llama-server`` (``omni_rt.engine.llama_cpp``): ``cpu_threads`` threads, ``max_batch_size`` slots,
     ``kv_budget_tokens`` of shared context. Without a built binary it falls back to ``torch`` with a warning.
+
+    ``random_init`` (torch only): random weights of ``model``'s real shape (a model id known to
+    ``omni_rt.engine.random_init``; ``random_size="tiny"`` shrinks it for CPU) with SmolLM2's tokenizer as the
+    offline stand-in, so the preset runs and is benchmarked with no hub weights.
     """
+    if random_init and backend != "torch":
+        raise ValueError(f"stage '{name}' field 'random_init': only the torch backend builds random weights, not {backend!r}")
     quality = dict(sampling=sampling, answer_policy=answer_policy, languages=languages)
     if backend in ("llama.cpp", "llama_cpp", "llamacpp"):
         from omni_rt.engine import llama_cpp
@@ -104,18 +112,25 @@ def create_ar_scheduler(
             torch.set_num_threads(cpu_threads)
         from omni_rt.engine.ar_scheduler import ARScheduler
         from omni_rt.engine.torch_engine import TorchEngine
-        from omni_rt.engine.weights import load_model, load_tokenizer, resolve_model
+        from omni_rt.engine.weights import load_model, load_tokenizer, resolve_model, torch_dtype
 
-        path = resolve_model(model)
+        if random_init:
+            from omni_rt.engine.random_init import build_causal_lm, stand_in_tokenizer
+
+            tok = load_tokenizer(tokenizer) if tokenizer else stand_in_tokenizer()
+            module = build_causal_lm(model, dtype=torch_dtype(dtype), device=device, size=random_size, tokenizer=tok)
+        else:
+            path = resolve_model(model)
+            module = load_model(path, dtype, device)
+            tok_path = tokenizer or path
+            tok = load_tokenizer(tok_path) if tokenizer or (Path(path) / "tokenizer_config.json").exists() else None
         engine = TorchEngine(
-            load_model(path, dtype, device),
+            module,
             max_batch_size=max_batch_size,
             max_seq_len=max_seq_len,
             cuda_graphs=cuda_graphs,
             **backend_kwargs,  # e.g. static_kv
         )
-        tok_path = tokenizer or path
-        tok = load_tokenizer(tok_path) if tokenizer or (Path(path) / "tokenizer_config.json").exists() else None
         return ARScheduler(
             engine,
             tok,

@@ -29,6 +29,11 @@ class Runtime:
         if audio_in is not None and config is None:  # the session stage's limits follow the server's
             self.config.stage(audio_in).args.update(max_sessions=settings.max_sessions,
                                                     max_buffered_bytes=int(settings.max_buffered_audio_s * PIPELINE_INPUT_RATE * 2))
+        if settings.random_weights:  # offline benchmarking: no hub weights (omni_rt.engine.random_init)
+            from omni_rt.engine.random_init import apply_random_weights
+
+            changed = apply_random_weights(self.config, settings.random_weights)
+            log.info("random weights (%s) on stages %s", settings.random_weights, changed)
         self.metrics = Metrics()
         self.model_name = f"omni-rt-{self.config.name}"
         self.max_response_tokens = settings.max_response_tokens

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -27,4 +29,6 @@ class ServerSettings(BaseSettings):
     max_connections: int = Field(256, ge=2, description="concurrent connections (HTTP + WebSocket) before uvicorn "
                                  "answers 503; keep it below the process's file-descriptor limit")
     connect_timeout_s: int = Field(5, ge=1, description="a TCP connection that sends nothing for this long is closed")
+    random_weights: Literal["full", "tiny"] | None = Field(None, description="random weights of the real shapes on "
+                                                           "every stage that supports it ('tiny': shrunk, for CPU)")
     shutdown_grace_s: float = Field(5.0, ge=0, description="time open answers get to finish at shutdown")

@@ -546,10 +546,16 @@ def create_asr_stage(
     max_buffered_bytes: int = 24000 * 2 * 120,
     idle_timeout_s: float = 600.0,
     max_queued_decodes: int = 16,
+    random_init: bool = False,
+    random_size: str = "full",
 ) -> AsrSessionScheduler:
-    """Factory for the pipeline config: the preset names the backend and model."""
+    """Factory for the pipeline config: the preset names the backend and model. ``random_init`` (transformers
+    backend): random weights of ``model``'s real shape (``omni_rt.engine.random_init``; ``random_size="tiny"``
+    for CPU), so the preset runs with no hub weights."""
     from omni_rt.backends.vad import SileroVadModel
 
+    if random_init and backend != "transformers":
+        raise ValueError(f"stage 'asr' field 'random_init': only the transformers backend builds random weights, not '{backend}'")
     if backend == "faster-whisper":
         from omni_rt.backends.asr import FasterWhisperASR
 
@@ -561,7 +567,14 @@ def create_asr_stage(
 
         if model is None:
             raise ValueError("stage 'asr' field 'model': the transformers backend needs a model path or hub id")
-        transcriber = TransformersWhisperASR(model, device=device, dtype=torch.float16 if device != "cpu" else torch.float32)
+        dtype = torch.float16 if device != "cpu" else torch.float32
+        if random_init:
+            from omni_rt.engine.random_init import build_whisper
+
+            transcriber = TransformersWhisperASR(build_whisper(model, dtype=dtype, device=device, size=random_size),
+                                                 device=device, dtype=dtype)
+        else:
+            transcriber = TransformersWhisperASR(model, device=device, dtype=dtype)
     else:
         raise ValueError(f"stage 'asr' field 'backend': unknown ASR backend '{backend}' (faster-whisper|transformers)")
     scheduler = AsrSessionScheduler(

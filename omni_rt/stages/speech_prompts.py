@@ -107,12 +107,15 @@ def create_speech_prompts(
     max_tokens_per_clause: int | None = None,
     ignore_eos: bool = False,
     first_max_words: int = 4,
+    random_init: bool = False,
 ) -> SpeechPromptScheduler:
-    """``tokenizer``: the codec LM's text tokenizer (a local directory or a hub id already cached locally)."""
+    """``tokenizer``: the codec LM's text tokenizer (a local directory or a hub id already cached locally).
+    ``random_init`` (a codec LM on random weights, offline): the packaged stand-in tokenizer instead."""
+    from omni_rt.engine.random_init import stand_in_tokenizer
     from omni_rt.engine.weights import load_tokenizer, resolve_model
 
     try:
-        tok = load_tokenizer(resolve_model(tokenizer))
+        tok = stand_in_tokenizer() if random_init else load_tokenizer(resolve_model(tokenizer))
     except Exception as exc:
         raise ValueError(f"stage 'talker' field 'tokenizer': cannot load {tokenizer!r} ({exc})") from exc
     sampling = {"temperature": temperature, "top_p": top_p, "repetition_penalty": repetition_penalty, "seed": 0}
