@@ -17,9 +17,9 @@ import math
 from typing import Any
 
 from omni_rt.backends.snac_codec import CODES_PER_FRAME
-from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
-from omni_rt.stages.clauses import ClauseSplitter
-from omni_rt.stages.contracts import SpeechPrompt, text_of
+from omni_rt.core.streaming_scheduler import StreamState
+from omni_rt.stages.clause_stream import ClauseStreamScheduler
+from omni_rt.stages.contracts import SpeechPrompt
 
 # Orpheus special tokens (Llama-3 tokenizer + added specials; audio codes start at ORPHEUS_CODE_OFFSET).
 # A prompt is [START_OF_HUMAN] "voice: text" [END_OF_TEXT, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH]: the
@@ -40,7 +40,7 @@ def clause_token_budget(clause: str) -> int:
     return math.ceil(seconds * FRAMES_PER_SECOND) * CODES_PER_FRAME
 
 
-class SpeechPromptScheduler(StreamingSimpleScheduler):
+class SpeechPromptScheduler(ClauseStreamScheduler):
     def __init__(
         self,
         tokenizer: Any,
@@ -52,13 +52,12 @@ class SpeechPromptScheduler(StreamingSimpleScheduler):
     ) -> None:
         """``max_tokens_per_clause`` caps the per-clause budget (benchmarks and tests with random weights
         that never stop by themselves); ``None``: the budget from the clause's words."""
-        super().__init__(name="talker")
+        super().__init__("talker", first_max_words=first_max_words)
         self.tokenizer = tokenizer
         self.voice = voice
         self.sampling = dict(sampling or {})
         self.max_tokens_per_clause = max_tokens_per_clause
         self.ignore_eos = ignore_eos
-        self.first_max_words = first_max_words
 
     def prompt_ids(self, clause: str) -> list[int]:
         ids = self.tokenizer.encode(f"{self.voice}: {clause}", add_special_tokens=True)
@@ -71,31 +70,9 @@ class SpeechPromptScheduler(StreamingSimpleScheduler):
         return {"prompt_ids": self.prompt_ids(clause), "output": "tokens", "max_tokens": budget,
                 "stop_token_ids": [END_OF_SPEECH], "ignore_eos": self.ignore_eos, **self.sampling}
 
-    def _splitter(self, state: StreamState) -> ClauseSplitter:
-        sp = state.user.get("splitter")
-        if sp is None:
-            sp = state.user["splitter"] = ClauseSplitter(first_max_words=self.first_max_words)
-            state.user["spoken"] = []
-        return sp
-
-    def _prompt(self, request_id: str, state: StreamState, clauses: list[str]) -> None:
+    def on_clauses(self, request_id: str, state: StreamState, clauses: list[str]) -> None:
         for clause in clauses:
-            state.user["spoken"].append(clause)
             self.emit(request_id, "stream", SpeechPrompt(clause, self.request(clause)))
-
-    def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
-        text = text_of(data)
-        if text:
-            self._prompt(request_id, state, self._splitter(state).push(text))
-
-    def on_stream_done(self, request_id: str, state: StreamState, source: str | None) -> None:
-        self._prompt(request_id, state, self._splitter(state).flush())
-
-    def on_complete(self, request_id: str, state: StreamState) -> None:
-        self._splitter(state)
-        payload = state.payload if isinstance(state.payload, dict) else {"text": str(state.payload)}
-        self.emit(request_id, "result", {**{k: v for k, v in payload.items() if k != "token_ids"},
-                                         "spoken_clauses": state.user["spoken"]})
 
 
 def create_speech_prompts(

@@ -1,0 +1,53 @@
+"""The talkers' shared shell: the thinker's text stream in, clauses out as soon as each is complete.
+
+Both talkers (Piper on CPU, the Orpheus prompts of the GPU preset) take the thinker's ``TextDelta`` chunks
+before its final payload (``can_accept_stream_before_payload``), cut them into clauses — the first one short so
+the first audio starts after a few words (``ClauseSplitter``) — and differ only in what a clause becomes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
+from omni_rt.stages.clauses import ClauseSplitter
+from omni_rt.stages.contracts import text_of
+
+
+class ClauseStreamScheduler(StreamingSimpleScheduler):
+    """Override ``on_clauses`` (and ``result_extra`` for what the result reports beyond the clauses spoken)."""
+
+    def __init__(self, name: str, **split_args: int) -> None:
+        super().__init__(name=name)
+        self.split_args = split_args
+
+    def on_clauses(self, request_id: str, state: StreamState, clauses: list[str]) -> None:
+        raise NotImplementedError
+
+    def result_extra(self, state: StreamState) -> dict[str, Any]:
+        return {}
+
+    def _splitter(self, state: StreamState) -> ClauseSplitter:
+        sp = state.user.get("splitter")
+        if sp is None:
+            sp = state.user["splitter"] = ClauseSplitter(**self.split_args)
+            state.user["spoken"] = []
+        return sp
+
+    def _clauses(self, request_id: str, state: StreamState, clauses: list[str]) -> None:
+        if clauses:
+            state.user["spoken"].extend(clauses)
+            self.on_clauses(request_id, state, clauses)
+
+    def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
+        text = text_of(data)
+        if text:
+            self._clauses(request_id, state, self._splitter(state).push(text))
+
+    def on_stream_done(self, request_id: str, state: StreamState, source: str | None) -> None:
+        self._clauses(request_id, state, self._splitter(state).flush())
+
+    def on_complete(self, request_id: str, state: StreamState) -> None:
+        self._splitter(state)
+        payload = state.payload if isinstance(state.payload, dict) else {"text": str(state.payload)}
+        self.emit(request_id, "result", {**{k: v for k, v in payload.items() if k != "token_ids"},
+                                         "spoken_clauses": state.user["spoken"], **self.result_extra(state)})
