@@ -73,7 +73,11 @@ __all__ = ["AsrSessionScheduler", "TurnDetection", "create_asr_stage"]  # TurnDe
 
 SAMPLE_RATE = PIPELINE_INPUT_RATE
 GPU_MAX_BATCH = 8  # not measured on a GPU yet: batch rows are cheap next to Whisper's fixed-window encoder
-CPU_MAX_BATCH = 1  # placeholder, set by measurement below
+# faster-whisper tiny.en int8 on 2 shared cores, 4 sessions committing at once (python -m latency_bench.asr_batch,
+# best of 5 alternating rounds): all four finals in 0.78 s one at a time vs 0.85 s (max_batch 2) and 0.99 s (4);
+# an earlier run had 2 ahead (0.92 vs 1.24 s). On CPU the encoder's cost grows with the batch, so batching saves
+# little and delays the first transcript of a batch: no reliable gain, so one at a time.
+CPU_MAX_BATCH = 1
 
 
 class Transcriber(Protocol):
