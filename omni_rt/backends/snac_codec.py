@@ -180,6 +180,7 @@ def decode_codes(
 
     z = model.quantizer.from_codes(list(codes))
     b = z.shape[0]
+    # a device tensor passes through untouched (no host copy); ints and lists are copied once
     offs = torch.as_tensor(frame_offset, dtype=torch.long).reshape(-1).expand(b).to(z.device)
     latent_off = offs * int(model.vq_strides[0])
     x, scale, block_idx = z, 1, 0
@@ -302,23 +303,37 @@ def decode_windows(
         m = len(w.rows)
         key = longest if m == longest or w.pad_left or w.pad_right else m
         groups.setdefault(key, []).append(i)
-    slices: list[torch.Tensor | None] = [None] * len(windows)
+    # host side: every group's codes and frame offsets in one int64 buffer, so one host-to-device copy
+    # serves the step (a blocking copy issued after queued kernels would wait for them: a sync per group)
+    parts, layout = [], []
     for length, members in groups.items():
         batch = np.zeros((len(members), length, CODES_PER_FRAME), dtype=np.int64)
-        offsets, spans = [], []
+        offsets = np.empty(len(members), dtype=np.int64)
+        spans = []
         for b, i in enumerate(members):
             w = windows[i]
             m = len(w.rows)
             left = 0 if m == length or w.pad_right else length - m  # right padding first: it never shifts offsets
             batch[b, left : left + m] = w.rows
-            offsets.append(w.start - left)
+            offsets[b] = w.start - left
             spans.append((w.lo + left * spf, w.hi + left * spf))
-        f = torch.from_numpy(batch).to(device)
-        codes = [f[:, :, 0], f[:, :, [1, 4]].reshape(len(members), -1), f[:, :, [2, 3, 5, 6]].reshape(len(members), -1)]
-        audio = decode_codes(model, codes, offsets, noise_seed)
-        for b, i in enumerate(members):
-            lo, hi = spans[b]
-            slices[i] = audio[b, 0, lo:hi]
+        parts += [batch.reshape(-1), offsets]
+        layout.append((length, members, spans))
+    staged = torch.from_numpy(np.concatenate(parts)).to(device)
+    slices: list[torch.Tensor | None] = [None] * len(windows)
+    at = 0
+    for length, members, spans in layout:
+        b = len(members)
+        f = staged[at : at + b * length * CODES_PER_FRAME].view(b, length, CODES_PER_FRAME)
+        offsets_t = staged[at + f.numel() : at + f.numel() + b]
+        at += f.numel() + b
+        # frames_to_codes on the device; stacked slices, not list indexing (which copies an index tensor over)
+        codes = [f[:, :, 0], torch.stack([f[:, :, k] for k in (1, 4)], -1).reshape(b, -1),
+                 torch.stack([f[:, :, k] for k in (2, 3, 5, 6)], -1).reshape(b, -1)]
+        audio = decode_codes(model, codes, offsets_t, noise_seed)
+        for row, i in enumerate(members):
+            lo, hi = spans[row]
+            slices[i] = audio[row, 0, lo:hi]
     flat = torch.cat([t for t in slices if t is not None]).float().cpu().numpy()  # the one host sync
     out, at = [], 0
     for w in windows:

@@ -63,8 +63,8 @@ def create_pcm_vocoder(chunk_ms: int = 200) -> PcmVocoderScheduler:
 class SnacVocoderScheduler(StreamingSimpleScheduler):
     """Streams SNAC codes (``CodecFrames``) to 24 kHz PCM16 with sliding-window decoders, batched.
 
-    Why batched: decoding each stream's new frame alone (batch 1, one host sync each) ran ~375 decodes/s
-    at 32 streams, under the 32 x 11.7 frames/s the streams need. Each step drains the inbox (frames only
+    Why batched: decoding each stream's new frame alone (batch 1, one host sync each) was estimated at
+    ~375 decodes/s at 32 streams on a GPU (issue #15), at the 32 x 11.7 frames/s the streams need. Each step drains the inbox (frames only
     join their stream's decoder), then decodes the windows of every stream with new frames as one batch
     (`decode_windows`: one forward, one device-to-host copy) and emits each stream's audio. Idle-immediate:
     the loop blocks only when no stream has work, and never waits to fill a batch, so a lone stream decodes
@@ -118,7 +118,8 @@ class SnacVocoderScheduler(StreamingSimpleScheduler):
     # ---- inputs ------------------------------------------------------------------------------------
     def _push_frames(self, request_id: str, state: StreamState, frames: np.ndarray) -> None:
         """The one entry point for a request's arriving frames ([n, 7] SNAC codes): queued for the next step."""
-        self._decoder(state).add(np.asarray(frames, dtype=np.int64).reshape(-1, 7))
+        frames = np.asarray(frames, dtype=np.int64)
+        self._decoder(state).add(frames.reshape(1, -1) if frames.ndim == 1 else frames)  # add checks [n, 7]
         self._ready.setdefault(request_id, state)
 
     def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
