@@ -160,3 +160,14 @@ def test_lone_stream_decodes_at_once_and_abort_drops_it(small_snac) -> None:
         assert voc.live_state() == 0
     finally:
         voc.stop()
+
+
+def test_vocoder_bench_runs_tiny(capsys) -> None:
+    """latency_bench.vocoder's before/after table, at a tiny width so it stays a smoke run."""
+    from latency_bench.vocoder import main
+
+    main(["--streams", "1", "3", "--frames", "4", "--decoder-dim", "16", "--repeats", "1"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = [ln.split() for ln in lines[2:]]
+    assert [r[0] for r in rows] == ["1", "3"] and all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows), lines
+    assert rows[1][5] == "3"  # after: the three streams shared one decode
