@@ -64,11 +64,11 @@ class SnacVocoderScheduler(StreamingSimpleScheduler):
     """Streams SNAC codes (``CodecFrames``) to 24 kHz PCM16 with sliding-window decoders, batched.
 
     Why batched: decoding each stream's new frame alone (batch 1, one host sync each) was estimated at
-    ~375 decodes/s at 32 streams on a GPU (issue #15), at the 32 x 11.7 frames/s the streams need. Each step drains the inbox (frames only
-    join their stream's decoder), then decodes the windows of every stream with new frames as one batch
-    (`decode_windows`: one forward, one device-to-host copy) and emits each stream's audio. Idle-immediate:
-    the loop blocks only when no stream has work, and never waits to fill a batch, so a lone stream decodes
-    the moment its frames arrive. A request's ``result`` leaves after its last audio (completion waits for
+    ~375 decodes/s at 32 streams on a GPU (issue #15), at the 32 x 11.7 frames/s the streams need. Each
+    step drains the inbox (frames only join their stream's decoder), then decodes the windows of every
+    stream with new frames as one batch (`decode_windows`: one forward, one device-to-host copy) and emits
+    each stream's audio. Idle-immediate: the loop blocks only when no stream has work, and never waits to
+    fill a batch, so a lone stream decodes the moment its frames arrive. A request's ``result`` leaves after its last audio (completion waits for
     the step that flushes the stream). Output equals each stream decoded alone (window invariance).
     """
 
@@ -93,7 +93,7 @@ class SnacVocoderScheduler(StreamingSimpleScheduler):
         self.max_step_frames = max_step_frames
         self._ready: dict[str, StreamState] = {}  # streams with frames to decode or a tail to flush, oldest first
         self._completing: dict[str, StreamState] = {}  # complete, waiting for the step that emits their tail
-        self.counters = {"steps": 0, "forwards": 0, "windows": 0, "frames": 0, "max_batch": 0}
+        self.counters = {"steps": 0, "forwards": 0, "windows": 0, "samples": 0, "max_batch": 0}
 
     def stats(self) -> dict[str, float]:
         return dict(self.counters)
@@ -186,7 +186,7 @@ class SnacVocoderScheduler(StreamingSimpleScheduler):
         c["windows"] += len(planned)
         c["max_batch"] = max(c["max_batch"], len(planned))
         for (rid, state, window), audio in zip(planned, audios, strict=True):
-            c["frames"] += len(audio) // 2048
+            c["samples"] += len(audio)
             self._decoder(state).commit(window, audio)
             self._emit_audio(rid, state, audio)
         for rid, state in taken:
