@@ -41,7 +41,11 @@ def _alone(model, frames: np.ndarray, chunks: list[int], **kw) -> np.ndarray:
 
 @pytest.mark.parametrize("window_frames", [None, 5])  # exact margins (padded batch) / approximate (grouped by length)
 def test_batched_windows_equal_each_stream_alone(small_snac, window_frames) -> None:
-    from omni_rt.backends.snac_codec import SnacStreamingDecoder, decode_frames, decode_windows
+    from omni_rt.backends.snac_codec import (
+        SnacStreamingDecoder,
+        decode_frames,
+        decode_windows,
+    )
 
     rng = np.random.default_rng(7)
     kw = {} if window_frames is None else {"window_frames": window_frames}
