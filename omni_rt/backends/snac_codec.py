@@ -11,12 +11,17 @@ concatenated stream equals a one-shot decode of the whole sequence: no seams. SN
 Gaussian noise (`NoiseBlock`); drawn freshly per call that noise would differ between overlapping windows,
 so this module draws it from a fixed table indexed by absolute sample position (`decode_codes`), making
 decoding deterministic and window-invariant. Weights are never fetched here: `load_snac` reads a local directory.
+
+Many streams decode together: each decoder `plan`s the window its next audio needs (`DecodeWindow`),
+`decode_windows` runs all of them as one batch (padded to one length where the padding provably cannot
+reach the emitted samples) with a single device-to-host copy, and each decoder `commit`s its share.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +180,7 @@ def decode_codes(
 
     z = model.quantizer.from_codes(list(codes))
     b = z.shape[0]
+    # a device tensor passes through untouched (no host copy); ints and lists are copied once
     offs = torch.as_tensor(frame_offset, dtype=torch.long).reshape(-1).expand(b).to(z.device)
     latent_off = offs * int(model.vq_strides[0])
     x, scale, block_idx = z, 1, 0
@@ -256,6 +262,86 @@ def receptive_field(model: torch.nn.Module) -> tuple[int, int]:
     return result
 
 
+@dataclass(slots=True)
+class DecodeWindow:
+    """One stream's share of a batched decode, planned by `SnacStreamingDecoder.plan`.
+
+    ``rows`` (frames [m, 7]) start at absolute frame ``start``; samples ``[lo, hi)`` of the window's audio
+    are the newly final ones. ``pad_left`` / ``pad_right``: frames may be added on that side without
+    changing those samples (the margins cover the receptive field and the side is not the stream's
+    boundary, whose zero padding a code frame would replace), so windows of different lengths can share
+    one batch. ``n`` frames are covered (the decoder's state after `commit`), ``last``: the stream ends here.
+    """
+
+    rows: np.ndarray
+    start: int
+    lo: int
+    hi: int
+    pad_left: bool
+    pad_right: bool
+    n: int
+    last: bool
+
+
+def decode_windows(
+    model: torch.nn.Module, windows: Sequence[DecodeWindow], noise_seed: int = 0
+) -> tuple[list[np.ndarray], int]:
+    """Decode many streams' windows together -> (float32 audio per window, number of forwards).
+
+    Windows are padded (with code 0 frames, on a side where that is allowed) to the longest one and run as
+    one batch; a window that may be padded on neither side (a whole short stream: head and tail at once,
+    or margins below the receptive field) joins a batch of its exact length instead, so forwards is 1 in
+    steady state. All emitted samples leave the device in one copy: one host sync per call.
+    """
+    if not windows:
+        return [], 0
+    spf = samples_per_frame(model)
+    device = next(model.parameters()).device
+    longest = max(len(w.rows) for w in windows)
+    groups: dict[int, list[int]] = {}
+    for i, w in enumerate(windows):
+        m = len(w.rows)
+        key = longest if m == longest or w.pad_left or w.pad_right else m
+        groups.setdefault(key, []).append(i)
+    # host side: every group's codes and frame offsets in one int64 buffer, so one host-to-device copy
+    # serves the step (a blocking copy issued after queued kernels would wait for them: a sync per group)
+    parts, layout = [], []
+    for length, members in groups.items():
+        batch = np.zeros((len(members), length, CODES_PER_FRAME), dtype=np.int64)
+        offsets = np.empty(len(members), dtype=np.int64)
+        spans = []
+        for b, i in enumerate(members):
+            w = windows[i]
+            m = len(w.rows)
+            left = 0 if m == length or w.pad_right else length - m  # right padding first: it never shifts offsets
+            batch[b, left : left + m] = w.rows
+            offsets[b] = w.start - left
+            spans.append((w.lo + left * spf, w.hi + left * spf))
+        parts += [batch.reshape(-1), offsets]
+        layout.append((length, members, spans))
+    staged = torch.from_numpy(np.concatenate(parts)).to(device)
+    slices: list[torch.Tensor | None] = [None] * len(windows)
+    at = 0
+    for length, members, spans in layout:
+        b = len(members)
+        f = staged[at : at + b * length * CODES_PER_FRAME].view(b, length, CODES_PER_FRAME)
+        offsets_t = staged[at + f.numel() : at + f.numel() + b]
+        at += f.numel() + b
+        # frames_to_codes on the device; stacked slices, not list indexing (which copies an index tensor over)
+        codes = [f[:, :, 0], torch.stack([f[:, :, k] for k in (1, 4)], -1).reshape(b, -1),
+                 torch.stack([f[:, :, k] for k in (2, 3, 5, 6)], -1).reshape(b, -1)]
+        audio = decode_codes(model, codes, offsets_t, noise_seed)
+        for row, i in enumerate(members):
+            lo, hi = spans[row]
+            slices[i] = audio[row, 0, lo:hi]
+    flat = torch.cat([t for t in slices if t is not None]).float().cpu().numpy()  # the one host sync
+    out, at = [], 0
+    for w in windows:
+        out.append(flat[at : at + w.hi - w.lo])
+        at += w.hi - w.lo
+    return out, len(groups)
+
+
 class SnacStreamingDecoder:
     """Frames in, audio out, for one stream; concatenated output == `decode_frames` of the whole stream.
 
@@ -266,6 +352,8 @@ class SnacStreamingDecoder:
     later frame decodes a window of ~6 frames. Smaller `lookahead_frames` trades exactness for latency
     (1 frame: ~1e-2 relative error at window seams with random weights); `window_frames=W` sets both
     margins to (W - 1) / 2 frames. `flush()` emits the held tail.
+
+    `push_many` decodes alone; for batching across streams use `add`, `plan`, `decode_windows`, `commit`.
     Not thread-safe (one owner); the model may be shared by many decoders.
     """
 
@@ -285,15 +373,23 @@ class SnacStreamingDecoder:
             lookahead_frames = half if lookahead_frames is None else lookahead_frames
             context_frames = half if context_frames is None else context_frames
         self.model = model
+        # decoding runs where the model's weights are; `device` is kept for callers that name it
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.noise_seed = noise_seed
         self.samples_per_frame = spf = samples_per_frame(model)
         self.sample_rate = int(model.sampling_rate)
-        back, forward = receptive_field(model) if lookahead_frames is None or context_frames is None else (0, 0)
+        try:
+            back, forward = receptive_field(model)
+        except ValueError:  # attention decoders: no structural bound, so margins are given and never exact
+            if lookahead_frames is None or context_frames is None:
+                raise
+            back = forward = None
         self.lookahead_samples = int(round(lookahead_frames * spf)) if lookahead_frames is not None else back
         self.context_samples = int(round(context_frames * spf)) if context_frames is not None else forward
         if self.lookahead_samples < 0 or self.context_samples < 0:
             raise ValueError("lookahead_frames and context_frames must be >= 0")
+        # margins covering the receptive field make padding a window harmless (see DecodeWindow)
+        self.exact = back is not None and self.lookahead_samples >= back and self.context_samples >= forward
         self.reset()
 
     @property
@@ -301,12 +397,32 @@ class SnacStreamingDecoder:
         """Frames decoded per pushed frame in steady state."""
         return -(-(self.lookahead_samples + self.context_samples) // self.samples_per_frame) + 1
 
+    @property
+    def backlog(self) -> int:
+        """Frames added but not yet covered by a plan."""
+        return self._n - self._used
+
     def reset(self) -> None:
         """Forget the stream (barge-in or a new response)."""
         self._rows: list[np.ndarray] = []  # kept frames; the first is absolute frame self._base
         self._base = 0
-        self._n = 0  # frames pushed
+        self._n = 0  # frames added
+        self._used = 0  # frames covered by plans so far
         self._emitted = 0  # samples returned so far
+
+    def add(self, frames: Iterable[Any] | np.ndarray) -> None:
+        """Add frames (an int array [n, 7], or frames of 7 Orpheus-ordered codes or (c0, c1, c2)); no decode."""
+        if isinstance(frames, np.ndarray) and frames.ndim == 2:
+            if frames.shape[1] != CODES_PER_FRAME:
+                raise ValueError(f"frames are [n, 7] codes; got shape {frames.shape}")
+            rows = list(frames.astype(np.int64, copy=False))
+        else:
+            rows = [_frame_to_row(f) for f in frames]
+        for row in rows:
+            if row.min(initial=0) < 0 or row.max(initial=0) >= CODEBOOK_SIZE:
+                raise ValueError(f"SNAC codes are in [0, {CODEBOOK_SIZE}); got {row.tolist()}")
+        self._rows.extend(rows)
+        self._n += len(rows)
 
     def push(self, frame: Any) -> np.ndarray:
         """Add one frame (7 Orpheus-ordered codes or (c0, c1, c2)); returns newly final audio (may be empty)."""
@@ -314,31 +430,49 @@ class SnacStreamingDecoder:
 
     def push_many(self, frames: Iterable[Any]) -> np.ndarray:
         """Add several frames with one decode; returns newly final audio (may be empty)."""
-        for f in frames:
-            self._rows.append(_frame_to_row(f))
-            self._n += 1
-        return self._emit(self._n * self.samples_per_frame - self.lookahead_samples)
+        self.add(frames)
+        return self._decode_alone(self.plan())
 
     def flush(self) -> np.ndarray:
         """Emit everything still held (end of stream) and reset."""
-        out = self._emit(self._n * self.samples_per_frame)
-        self.reset()
-        return out
+        return self._decode_alone(self.plan(final=True))
 
-    def _emit(self, end: int) -> np.ndarray:
-        spf = self.samples_per_frame
-        if end <= self._emitted:
+    def _decode_alone(self, window: DecodeWindow | None) -> np.ndarray:
+        if window is None:
             return np.zeros(0, dtype=np.float32)
+        (audio,), _ = decode_windows(self.model, [window], self.noise_seed)
+        return self.commit(window, audio)
+
+    def plan(self, final: bool = False, max_new_frames: int | None = None) -> DecodeWindow | None:
+        """The window that emits the audio made final by up to ``max_new_frames`` of the backlog (all of it
+        by default); ``final``: the stream has ended, so its last window emits the tail. None when there is
+        nothing new to emit (the frames are still counted; a final stream is then reset)."""
+        spf = self.samples_per_frame
+        n = self._n if max_new_frames is None else min(self._n, self._used + max(1, max_new_frames))
+        last = final and n == self._n
+        end = n * spf if last else n * spf - self.lookahead_samples
+        if end <= self._emitted:
+            self._used = n
+            if last:
+                self.reset()
+            return None
         start = max(self._base, (self._emitted - self.context_samples) // spf)
-        rows = np.stack(self._rows[start - self._base :])
-        codes = [torch.as_tensor(c, device=self.device)[None, :] for c in frames_to_codes(rows)]
-        audio = decode_codes(self.model, codes, start, self.noise_seed)[0, 0]
-        out = audio[self._emitted - start * spf : end - start * spf].float().cpu().numpy()
-        self._emitted = end
+        rows = np.stack(self._rows[start - self._base : n - self._base])
+        return DecodeWindow(rows=rows, start=start, lo=self._emitted - start * spf, hi=end - start * spf,
+                            pad_left=self.exact and start > 0, pad_right=self.exact and not last, n=n, last=last)
+
+    def commit(self, window: DecodeWindow, audio: np.ndarray) -> np.ndarray:
+        """Take a planned window's decoded samples (``decode_windows``); returns them as the stream's next audio."""
+        if window.last:
+            self.reset()
+            return audio
+        spf = self.samples_per_frame
+        self._used = window.n
+        self._emitted = window.start * spf + window.hi
         keep_from = max(self._base, (self._emitted - self.context_samples) // spf)
         del self._rows[: keep_from - self._base]
         self._base = keep_from
-        return out
+        return audio
 
 
 class OrpheusFrameAssembler:

@@ -59,17 +59,24 @@ class StreamingSimpleScheduler(ThreadedScheduler):
 
     def run_loop(self) -> None:
         while self.running:
-            msg = self.inbox.get()
+            self._handle_safely(self.inbox.get())
+
+    def _handle_safely(self, msg: IncomingMessage) -> None:
+        """Handle one message; an exception fails that message's request only."""
+        try:
+            self._handle(msg)
+        except Exception as exc:  # noqa: BLE001 - fail the request, keep the stage alive
+            self._fail(msg.request_id, exc)
+
+    def _fail(self, request_id: str, exc: BaseException) -> None:
+        """Drop a request's state (``on_abort``) and report the error downstream."""
+        state = self.states.pop(request_id, None)
+        if state is not None:
             try:
-                self._handle(msg)
-            except Exception as exc:  # noqa: BLE001 - fail the request, keep the stage alive
-                state = self.states.pop(msg.request_id, None)
-                if state is not None:
-                    try:
-                        self.on_abort(msg.request_id, state)
-                    except Exception:  # noqa: BLE001
-                        pass
-                self.emit_error(msg.request_id, exc)
+                self.on_abort(request_id, state)
+            except Exception:  # noqa: BLE001
+                pass
+        self.emit_error(request_id, exc)
 
     def _handle(self, msg: IncomingMessage) -> None:
         rid = msg.request_id
