@@ -104,13 +104,24 @@ class FasterWhisperASR:
         return self.transcribe_batch([audio_f32_16k])[0]
 
     def transcribe_batch(self, audios: Sequence[np.ndarray]) -> list[str]:
-        """Transcribe several utterances with one batched encoder + decoder call."""
-        if not audios:
-            return []
+        """Transcribe several utterances: one batched encoder + decoder call per encoder window.
+
+        Why per window: the transcript depends on the window (a longer one made "the sky" "this guy", see
+        ``min_window_s``), so an utterance is batched only with others of its own window and hears exactly what
+        it would alone; most turns (under 10 s of speech) share the 15 s window."""
+        raw = [self._features(a) for a in audios]
+        groups: dict[int, list[int]] = {}
+        for i, f in enumerate(raw):
+            groups.setdefault(self.window_frames(f.shape[-1]), []).append(i)
+        texts = [""] * len(audios)
+        for window, idx in groups.items():
+            for i, text in zip(idx, self._decode_window([raw[i] for i in idx], [audios[i] for i in idx], window)):
+                texts[i] = text
+        return texts
+
+    def _decode_window(self, raw: list[np.ndarray], audios: list[np.ndarray], window: int) -> list[str]:
         from faster_whisper.audio import pad_or_trim
 
-        raw = [self._features(a) for a in audios]
-        window = self.window_frames(max(f.shape[-1] for f in raw))
         feats = np.stack([pad_or_trim(f, window) for f in raw]).astype(np.float32)
         encoder_output = self.model.encode(feats)
         results = self.model.model.generate(
