@@ -331,13 +331,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def update_readme(section_body: str, readme: Path = ROOT / "README.md") -> None:
-    """Replace the body of the README's '## Benchmarks' section (up to the next '## ' heading or the end)."""
+    """Replace the body of the README's '## Benchmarks' section up to its first subsection ('### ', kept: other
+    benches write those), the next '## ' heading, or the end."""
     text = readme.read_text()
     m = re.search(r"^## Benchmarks[ \t]*\n", text, flags=re.M)
     if m is None:
         text = text.rstrip("\n") + "\n\n## Benchmarks\n\n" + section_body.rstrip("\n") + "\n"
     else:
-        nxt = re.search(r"^## ", text[m.end():], flags=re.M)
+        nxt = re.search(r"^###? ", text[m.end():], flags=re.M)
         end = m.end() + nxt.start() if nxt else len(text)
         tail = text[end:]
         text = text[: m.end()] + "\n" + section_body.rstrip("\n") + "\n" + ("\n" + tail if tail else "")
