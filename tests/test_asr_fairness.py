@@ -24,7 +24,7 @@ MANUAL = {"turn_detection": None, "partials": False}
 def speech_16k() -> np.ndarray:
     from omni_rt.backends.tts_piper import PiperTTS
 
-    tts = PiperTTS()
+    tts = PiperTTS(noise_scale=0.0, noise_w_scale=0.0)  # the same audio every run (VITS noise is unseeded)
     return resample(tts.synthesize("What is the capital of France?"), tts.sample_rate, 16000)
 
 

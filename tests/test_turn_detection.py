@@ -32,9 +32,11 @@ SR = 16000
 
 @pytest.fixture(scope="module")
 def tts():
+    """Deterministic speech (no VITS noise): otherwise each run's audio differs — now and then Piper's pause at
+    the comma of "for, um," was long enough for a pause of its own, which Smart Turn scored complete."""
     from omni_rt.backends.tts_piper import PiperTTS
 
-    return PiperTTS()
+    return PiperTTS(noise_scale=0.0, noise_w_scale=0.0)
 
 
 def say(tts, text: str) -> np.ndarray:

@@ -41,7 +41,11 @@ class PiperTTS:
         normalize: bool = False,
         volume: float = 1.0,
         length_scale: float | None = None,
+        noise_scale: float | None = None,
+        noise_w_scale: float | None = None,
     ) -> None:
+        """``noise_scale`` / ``noise_w_scale`` (None: the voice's own): VITS samples its waveform and durations
+        with unseeded noise, so each call sounds a little different; 0 makes synthesis deterministic (tests)."""
         import onnxruntime as ort
         from piper import PiperVoice, SynthesisConfig
         from piper.config import PiperConfig
@@ -71,7 +75,8 @@ class PiperTTS:
         )
         self.voice_path = model_path
         self.sample_rate: int = int(config.sample_rate)
-        self._syn = SynthesisConfig(normalize_audio=normalize, volume=volume, length_scale=length_scale)
+        self._syn = SynthesisConfig(normalize_audio=normalize, volume=volume, length_scale=length_scale,
+                                    noise_scale=noise_scale, noise_w_scale=noise_w_scale)
 
     def synthesize(self, text: str) -> np.ndarray:
         """Speak `text` (a clause or several sentences); returns float32 in [-1, 1], empty for no speech."""
