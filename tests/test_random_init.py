@@ -162,3 +162,17 @@ async def test_gpu_preset_on_random_weights_end_to_end(speech_samples):
         assert sum(len(p) for p in pcm) == result["output_samples"] > 0
     finally:
         await coord.stop()
+
+
+def test_stand_in_tokenizer_from_a_saved_directory(tmp_path, monkeypatch):
+    """What travels to a GPU machine (the 94 MB package does not fit): the tokenizer's files alone."""
+    from omni_rt.engine.random_init import STAND_IN_TOKENIZER_ENV, stand_in_tokenizer
+
+    packaged = stand_in_tokenizer()
+    packaged.save_pretrained(tmp_path / "tok")
+    monkeypatch.setenv(STAND_IN_TOKENIZER_ENV, str(tmp_path / "tok"))
+    carried = stand_in_tokenizer()
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    assert carried.apply_chat_template(msgs, tokenize=False) == packaged.apply_chat_template(msgs, tokenize=False)
+    assert carried.encode("tara: Hello there.") == packaged.encode("tara: Hello there.")
+    assert sum(f.stat().st_size for f in (tmp_path / "tok").iterdir()) < 8 * 2**20

