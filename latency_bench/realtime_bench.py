@@ -684,6 +684,19 @@ def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+async def _run_scripts(sessions: list[BenchSession], script) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run every session's script at once, close them all, and return the turn records plus run-wide facts."""
+    try:
+        await asyncio.gather(*(script(s) for s in sessions))
+    finally:
+        await asyncio.gather(*(s.close() for s in sessions))
+    records = [turn_record(t) for s in sessions for t in s.turns]
+    info = {"client_late_ms_max": round(max(s.mic.late_s_max for s in sessions if s.mic) * 1000, 1),
+            "error_events": [e for s in sessions for e in s.errors],
+            "unexpected_responses": sum(len(s.unexpected) for s in sessions)}
+    return records, info
+
+
 async def run_sessions(url: str, n: int, corpus: dict[str, Utterance], plan: Plan, turns: int, barge_sessions: set[int],
                        offset: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     sessions = [BenchSession(url, i, plan.chunk_ms, plan.transcription) for i in range(n)]
@@ -700,15 +713,7 @@ async def run_sessions(url: str, n: int, corpus: dict[str, Utterance], plan: Pla
             await s.barge(corpus[LONG_QUESTION], corpus[INTERRUPT], plan.turn_timeout, plan.barge_delay_s)
             await asyncio.sleep(plan.gap_s)
 
-    try:
-        await asyncio.gather(*(script(s) for s in sessions))
-    finally:
-        await asyncio.gather(*(s.close() for s in sessions))
-    records = [turn_record(t) for s in sessions for t in s.turns]
-    info = {"client_late_ms_max": round(max(s.mic.late_s_max for s in sessions if s.mic) * 1000, 1),
-            "error_events": [e for s in sessions for e in s.errors],
-            "unexpected_responses": sum(len(s.unexpected) for s in sessions)}
-    return records, info
+    return await _run_scripts(sessions, script)
 
 
 def level_result(records: list[dict[str, Any]], info: dict[str, Any], hist: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -980,15 +985,7 @@ async def run_turn_sessions(url: str, n: int, mode: str, corpus: dict[str, Utter
             await s.ask_hesitant(hesitant[(offset + s.idx + k) % len(hesitant)], plan.turn_timeout)
             await asyncio.sleep(plan.gap_s)
 
-    try:
-        await asyncio.gather(*(script(s) for s in sessions))
-    finally:
-        await asyncio.gather(*(s.close() for s in sessions))
-    records = [turn_record(t) for s in sessions for t in s.turns]
-    info = {"client_late_ms_max": round(max(s.mic.late_s_max for s in sessions if s.mic) * 1000, 1),
-            "error_events": [e for s in sessions for e in s.errors],
-            "unexpected_responses": sum(len(s.unexpected) for s in sessions)}
-    return records, info
+    return await _run_scripts(sessions, script)
 
 
 def plan_max_tokens(plan: Plan) -> int | None:

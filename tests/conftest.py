@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from omni_rt.backends.snac_codec import SNAC_24KHZ_CONFIG
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,3 +104,15 @@ def speech_samples(tmp_path_factory):
         "long": "Tell me a long story about a dragon who lived in the mountains and loved to read books.",
     }
     return {name: (tts.synthesize(text), tts.sample_rate, text) for name, text in texts.items()}
+
+
+# Same layout as the 24 kHz model (rates, strides, kernels: the same receptive field), narrow enough to stream 40
+# frames in a few seconds on 2 cores.
+SMALL_SNAC_CONFIG = {**SNAC_24KHZ_CONFIG, "encoder_dim": 4, "decoder_dim": 32}
+
+
+@pytest.fixture(scope="session")
+def small_snac():
+    from omni_rt.backends.snac_codec import build_random_snac
+
+    return build_random_snac(seed=0, config=SMALL_SNAC_CONFIG)

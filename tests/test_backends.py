@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SMALL_SNAC_CONFIG
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -194,23 +195,7 @@ def test_transformers_whisper_missing_dir_is_a_clear_error(tmp_path: Path) -> No
     assert str(tmp_path) in str(ei.value)
 
 
-# ---------------------------------------------------------------- SNAC
-
-
-# Same layout as the 24 kHz model (rates, strides, kernels, so the same receptive field), narrow enough
-# to stream 40 frames in a few seconds on 2 cores.
-SMALL_SNAC = {
-    "sampling_rate": 24000, "encoder_dim": 4, "encoder_rates": [2, 4, 8, 8], "decoder_dim": 32,
-    "decoder_rates": [8, 8, 4, 2], "attn_window_size": None, "codebook_size": 4096, "codebook_dim": 8,
-    "vq_strides": [4, 2, 1], "noise": True, "depthwise": True,
-}
-
-
-@pytest.fixture(scope="module")
-def small_snac():
-    from omni_rt.backends.snac_codec import build_random_snac
-
-    return build_random_snac(seed=0, config=SMALL_SNAC)
+# ---------------------------------------------------------------- SNAC (small_snac: tests/conftest.py)
 
 
 def _stream(model, frames: np.ndarray, chunk: int, **kw) -> tuple[np.ndarray, list[int]]:
@@ -315,8 +300,8 @@ def test_load_snac_from_local_dir(tmp_path: Path, small_snac) -> None:
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_snac(tmp_path)
     torch.manual_seed(3)
-    src = SNAC(**SMALL_SNAC).eval()  # checkpoints store the weight-norm parametrized form
-    (tmp_path / "config.json").write_text(json.dumps(SMALL_SNAC))
+    src = SNAC(**SMALL_SNAC_CONFIG).eval()  # checkpoints store the weight-norm parametrized form
+    (tmp_path / "config.json").write_text(json.dumps(SMALL_SNAC_CONFIG))
     torch.save(src.state_dict(), tmp_path / "pytorch_model.bin")
     loaded = load_snac(tmp_path)
     frames = np.random.default_rng(3).integers(0, 4096, (2, 7))

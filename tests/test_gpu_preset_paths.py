@@ -168,6 +168,7 @@ def test_speech_prompts_are_orpheus_prompts_with_start_tokens(tiny_models):
         assert ids[0] == START_OF_HUMAN and ids[-3:] == [END_OF_HUMAN, START_OF_AI, START_OF_SPEECH]
         assert p.request["max_tokens"] == clause_token_budget(p.text)
         assert p.request["stop_token_ids"] == [END_OF_SPEECH] and p.request["output"] == "tokens"
+        assert p.request["token_chunk"] == 7, "the codec LM streams one 7-code frame per message"
         assert p.request["repetition_penalty"] == 1.1
 
 

@@ -13,20 +13,7 @@ import pytest
 from omni_rt.core.messages import IncomingMessage
 from omni_rt.stages.contracts import CodecFrames
 
-# Same layout as the 24 kHz model (rates, strides, kernels: the same receptive field), narrow (as test_backends).
-SMALL_SNAC = {
-    "sampling_rate": 24000, "encoder_dim": 4, "encoder_rates": [2, 4, 8, 8], "decoder_dim": 32,
-    "decoder_rates": [8, 8, 4, 2], "attn_window_size": None, "codebook_size": 4096, "codebook_dim": 8,
-    "vq_strides": [4, 2, 1], "noise": True, "depthwise": True,
-}
-
-
-@pytest.fixture(scope="module")
-def small_snac():
-    from omni_rt.backends.snac_codec import build_random_snac
-
-    return build_random_snac(seed=0, config=SMALL_SNAC)
-
+# small_snac: tests/conftest.py
 
 def _alone(model, frames: np.ndarray, chunks: list[int], **kw) -> np.ndarray:
     from omni_rt.backends.snac_codec import SnacStreamingDecoder

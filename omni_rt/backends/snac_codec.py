@@ -486,7 +486,6 @@ class OrpheusFrameAssembler:
         self.code_offset = code_offset
         self.pending: list[int] = []
         self.segment = 0
-        self.frames = 0
 
     def push(self, token_ids: Iterable[int], segment: int = 0) -> np.ndarray:
         """New tokens -> the frames they complete, int64 ``(n, 7)`` (``n`` may be 0)."""
@@ -498,6 +497,4 @@ class OrpheusFrameAssembler:
         toks = np.asarray(self.pending[:whole], dtype=np.int64).reshape(-1, CODES_PER_FRAME)
         self.pending = self.pending[whole:]
         position = np.arange(CODES_PER_FRAME) * CODEBOOK_SIZE
-        frames = np.clip(toks - self.code_offset - position, 0, CODEBOOK_SIZE - 1)
-        self.frames += len(frames)
-        return frames
+        return np.clip(toks - self.code_offset - position, 0, CODEBOOK_SIZE - 1)

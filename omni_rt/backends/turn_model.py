@@ -13,12 +13,11 @@ One call costs ~40-130 ms on 2 cores, so callers run it on a worker thread and o
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 
-from omni_rt.backends.onnx import cpu_session
+from omni_rt.backends.onnx import cpu_session, packaged_file
 
 SAMPLE_RATE = 16000
 WINDOW_S = 8
@@ -29,19 +28,13 @@ _NORM_EPS = 1e-7
 
 def smart_turn_onnx_path() -> Path:
     """Path of the packaged ONNX file, found without importing ``pipecat`` (its ``__init__`` is heavy)."""
-    spec = importlib.util.find_spec("pipecat")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"package '{PACKAGE}' is not installed, so the Smart Turn model file pipecat/{MODEL_FILE} is missing: "
-            f"pip install --no-deps {PACKAGE}==1.14.0 (scripts/install.sh does it)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / MODEL_FILE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"Smart Turn model file pipecat/{MODEL_FILE} not found in package '{PACKAGE}' at {path}; "
-            f"reinstall with: pip install --no-deps --force-reinstall {PACKAGE}==1.14.0"
-        )
-    return path
+    return packaged_file(
+        "pipecat", MODEL_FILE,
+        f"package '{PACKAGE}' is not installed, so the Smart Turn model file pipecat/{MODEL_FILE} is missing: "
+        f"pip install --no-deps {PACKAGE}==1.14.0 (scripts/install.sh does it)",
+        f"Smart Turn model file pipecat/{MODEL_FILE} not found in package '{PACKAGE}' at {{path}}; "
+        f"reinstall with: pip install --no-deps --force-reinstall {PACKAGE}==1.14.0",
+    )
 
 
 class SmartTurnModel:

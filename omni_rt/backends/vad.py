@@ -8,27 +8,21 @@ turn state machine. Weights ship inside the `silero-vad` PyPI package; no torch 
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from omni_rt.backends.onnx import cpu_session
+from omni_rt.backends.onnx import cpu_session, packaged_file
 
 _STATE_SHAPE = (2, 1, 128)
 
 
 def silero_onnx_path(name: str = "silero_vad.onnx") -> Path:
     """Locate the ONNX file inside the installed `silero-vad` package without importing it (no torch)."""
-    spec = importlib.util.find_spec("silero_vad")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("package 'silero-vad' is not installed: pip install silero-vad")
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / name
-    if not path.is_file():
-        raise FileNotFoundError(f"Silero VAD model not found at {path}; reinstall with: pip install -U silero-vad")
-    return path
+    return packaged_file("silero_vad", f"data/{name}", "package 'silero-vad' is not installed: pip install silero-vad",
+                         "Silero VAD model not found at {path}; reinstall with: pip install -U silero-vad")
 
 
 class SileroVadModel:

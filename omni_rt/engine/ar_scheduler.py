@@ -690,8 +690,10 @@ class ARScheduler(ThreadedScheduler):
         # tool calls are split out of the text first (the talker only sees TextDelta); the voice answer policy
         # then decides what of the spoken text leaves the thinker, and when the answer stops
         if seq.req.output == "tokens":
-            if ids:
-                self.emit(seq.request_id, "stream", TokenDelta(ids))
+            pending = len(seq.out_ids) - seq.tokens_streamed
+            if pending and (pending >= seq.req.token_chunk or seq.finished):
+                self.emit(seq.request_id, "stream", TokenDelta(seq.out_ids[seq.tokens_streamed:]))
+                seq.tokens_streamed = len(seq.out_ids)
             if seq.finished:
                 self.emit(seq.request_id, "result", self._result(seq))
             return

@@ -62,6 +62,7 @@ class GenRequest:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     output: OutputMode = "text"
+    token_chunk: int = 1  # tokens mode: stream ids in chunks of this many (a codec LM's 7-code frame: 1 message, not 7)
     tools: list[dict[str, Any]] | None = None  # Realtime flat function tools (omni_rt.engine.tools)
     tool_choice: Any = "auto"  # "auto" | "none" | "required" | {"type": "function", "name": str}
     parallel_tool_calls: bool | None = None  # a forced choice decodes one call unless True
@@ -176,6 +177,7 @@ def parse_request(
         stop_token_ids=tuple(stop_ids),
         ignore_eos=bool(data.get("ignore_eos", False)),
         output=output,
+        token_chunk=_num(data, "token_chunk", int, 1, 1, 4096),
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,

@@ -24,6 +24,7 @@ class Sequence:
     slot: int = -1
     sampled: list[int] = field(default_factory=list)  # every token picked, including a final EOS
     out_ids: list[int] = field(default_factory=list)  # what the client sees (no EOS)
+    tokens_streamed: int = 0  # tokens mode: out_ids already sent as TokenDelta
     finish_reason: str | None = None
     first_token_at: float | None = None
     cached_tokens: int = 0

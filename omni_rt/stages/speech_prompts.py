@@ -68,6 +68,7 @@ class SpeechPromptScheduler(ClauseStreamScheduler):
         if self.max_tokens_per_clause is not None:
             budget = min(budget, self.max_tokens_per_clause)
         return {"prompt_ids": self.prompt_ids(clause), "output": "tokens", "max_tokens": budget,
+                "token_chunk": CODES_PER_FRAME,  # one TokenDelta per frame, not per code
                 "stop_token_ids": [END_OF_SPEECH], "ignore_eos": self.ignore_eos, **self.sampling}
 
     def on_clauses(self, request_id: str, state: StreamState, clauses: list[str]) -> None:
