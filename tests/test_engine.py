@@ -99,10 +99,12 @@ def test_batched_greedy_matches_one_at_a_time(tiny, reference, arch, async_decod
         sched.stop()
 
 
-def test_static_kv_path_matches(tiny, reference):
+@pytest.mark.parametrize("attention", ["auto", "paged_sdpa"])
+def test_static_kv_path_matches(tiny, reference, attention):
     """The GPU decode path (preallocated KV, batch padded to a bucket, attention over a context bucket — what
-    the CUDA graphs replay) run eagerly on CPU: same tokens as one-at-a-time greedy."""
-    sched = _started(tiny["qwen2"], max_batch_size=3, max_seq_len=96, static_kv=True)
+    the CUDA graphs replay — or through page tables, as FlashInfer reads them) run eagerly on CPU: same tokens
+    as one-at-a-time greedy, with requests joining, leaving and compacting slots."""
+    sched = _started(tiny["qwen2"], max_batch_size=3, max_seq_len=96, static_kv=True, attention=attention)
     try:
         assert sched.engine.kv.capacity == 96 and sched.engine._buckets() == [1, 2, 3]
         out = _run_interleaved(sched)
@@ -171,9 +173,10 @@ def test_abort_waiting_request(tiny):
         sched.stop()
 
 
-@pytest.mark.parametrize("async_decode", [True, False], ids=["lookahead", "sync"])
-def test_prefix_reuse_prefills_only_new_tokens(tiny, async_decode):
-    reuse = _started(tiny["llama"], async_decode=async_decode)
+@pytest.mark.parametrize(("async_decode", "attention"), [(True, "auto"), (False, "auto"), (True, "paged_sdpa")],
+                         ids=["lookahead", "sync", "lookahead-paged"])
+def test_prefix_reuse_prefills_only_new_tokens(tiny, async_decode, attention):
+    reuse = _started(tiny["llama"], async_decode=async_decode, attention=attention)
     plain = _started(tiny["llama"], async_decode=async_decode, prefix_reuse=False)
     try:
         p1 = list(range(20, 50))

@@ -66,28 +66,35 @@ def packed_gqa_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
-def register() -> str:
-    """Make ``PACKED_GQA`` a valid ``attn_implementation`` (idempotent); returns the name. Its masks are built
-    as for ``sdpa`` (same boolean layout): without a registered mask function transformers would drop a 2D
-    padding mask for an unknown implementation (``_preprocess_mask_arguments``' early exit), which matters
-    to anyone calling the switched model the ordinary way (``generate`` on a padded batch)."""
+SDPA_FAMILY = {"sdpa", PACKED_GQA}  # implementations taking SDPA's boolean masks (``register`` adds to it)
+
+
+def register(name: str = PACKED_GQA, fn=packed_gqa_attention) -> str:
+    """Make ``name`` a valid ``attn_implementation`` running ``fn`` (idempotent); returns the name. Its masks
+    are built as for ``sdpa`` (same boolean layout): without a registered mask function transformers would
+    drop a 2D padding mask for an unknown implementation (``_preprocess_mask_arguments``' early exit), which
+    matters to anyone calling the switched model the ordinary way (``generate`` on a padded batch)."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-    AttentionInterface.register(PACKED_GQA, packed_gqa_attention)
-    AttentionMaskInterface.register(PACKED_GQA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    return PACKED_GQA
+    AttentionInterface.register(name, fn)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    SDPA_FAMILY.add(name)
+    return name
 
 
-def use_packed_gqa(model: torch.nn.Module) -> bool:
-    """Switch a loaded transformers model to packed-GQA attention; False (model unchanged) when it cannot be
-    switched (not built on ``AttentionInterface``, or not on SDPA to begin with)."""
-    cfg = model.config
-    if getattr(cfg, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
+def switch_attention(model: torch.nn.Module, name: str = PACKED_GQA, fn=None) -> bool:
+    """Switch a loaded transformers model on SDPA (or on one of our SDPA-mask implementations) to ``name``:
+    ``"sdpa"``, or ``fn`` registered as ``name`` (default: packed GQA). False, model unchanged, when it
+    cannot be switched (not built on ``AttentionInterface``, or on another attention to begin with)."""
+    if getattr(model.config, "_attn_implementation", None) not in SDPA_FAMILY or not hasattr(
+        model, "set_attn_implementation"
+    ):
         return False
-    register()
+    if name != "sdpa":
+        register(name, fn or packed_gqa_attention)
     try:
-        model.set_attn_implementation(PACKED_GQA)
+        model.set_attn_implementation(name)
     except (ValueError, KeyError):  # a model class that refuses custom attention keeps its own
         return False
-    return getattr(model.config, "_attn_implementation", None) == PACKED_GQA
+    return getattr(model.config, "_attn_implementation", None) == name

@@ -10,6 +10,11 @@ a decode step reads the contiguous prefix ``[:B]`` — a fixed-address view a CU
 
 The object only needs ``update(k, v, layer_idx, ...)``: that is the one call transformers' attention makes
 on a cache when the caller passes a prepared 4D mask and explicit ``position_ids``.
+
+With ``page_size`` the same buffer is also a *paged* cache (``paged``): storage is token-major per slot
+(``[layers, slots, capacity, kv_heads, head_dim]``, FlashInfer's ``NHD``), so a layer's buffer reshapes
+without a copy into pages of ``page_size`` tokens, slot ``s`` owning pages ``s * capacity / page_size ..``.
+``k``/``v`` stay the head-major views every other method indexes, so nothing else changes.
 """
 
 from __future__ import annotations
@@ -44,16 +49,17 @@ class SlotKVCache:
         capacity: int,
         max_capacity: int,
         initial_slots: int | None = None,
+        page_size: int | None = None,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
         self.max_capacity = max_capacity
         self.num_slots = num_slots
+        self.page_size = page_size
         # slots past ``initial_slots`` are allocated when first used (``ensure_capacity(.., slots=)``)
-        shape = (num_layers, initial_slots or num_slots, num_kv_heads, capacity, head_dim)
-        # zeros, not empty: masked positions still enter SDPA's matmul with V, and 0 * NaN = NaN
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (num_layers, initial_slots or num_slots, num_kv_heads, self._pages_round(capacity), head_dim)
+        self.k = self._zeros(shape, dtype, device)
+        self.v = self._zeros(shape, dtype, device)
         self.rows = torch.arange(num_slots, device=device)
         self._mode = "decode"
         self._n = 0  # decode: rows in the step
@@ -65,9 +71,34 @@ class SlotKVCache:
         self._batch_rows: slice | torch.Tensor = slice(0)
         self._batch_view = 0
 
+    def _zeros(self, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A [layers, slots, heads, capacity, dim] buffer; token-major underneath when paged. Zeros, not empty:
+        masked positions still enter SDPA's matmul with V, and 0 * NaN = NaN."""
+        if self.page_size is None:
+            return torch.zeros(shape, dtype=dtype, device=device)
+        layers, slots, heads, cap, dim = shape
+        return torch.zeros((layers, slots, cap, heads, dim), dtype=dtype, device=device).transpose(2, 3)
+
+    def _pages_round(self, capacity: int) -> int:
+        ps = self.page_size
+        return capacity if ps is None else -(-capacity // ps) * ps
+
     @property
     def capacity(self) -> int:
         return self.k.shape[3]
+
+    @property
+    def pages_per_slot(self) -> int:
+        return self.capacity // (self.page_size or self.capacity)
+
+    def paged(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer`` as FlashInfer's ``NHD`` paged cache: ``(k, v)``, each ``[slots * pages_per_slot,
+        page_size, kv_heads, head_dim]``, a view of the buffer (no copy)."""
+        if self.page_size is None:
+            raise ValueError("this KV cache was built without page_size")
+        _, slots, heads, _, dim = self.k.shape
+        shape = (slots * self.pages_per_slot, self.page_size, heads, dim)
+        return self.k[layer].transpose(1, 2).view(shape), self.v[layer].transpose(1, 2).view(shape)
 
     def bytes_per_token(self) -> int:
         layers, _, heads, _, dim = self.k.shape
@@ -110,15 +141,18 @@ class SlotKVCache:
         for name in ("k", "v"):
             old = getattr(self, name)
             shape = list(old.shape)
-            shape[1], shape[3] = slots, cap
-            new = torch.zeros(shape, dtype=old.dtype, device=old.device)
+            shape[1], shape[3] = slots, self._pages_round(cap)
+            new = self._zeros(shape, old.dtype, old.device)
             new[:, :keep_s, :, :keep_c] = old[:, :keep_s, :, :keep_c]
             setattr(self, name, new)
             del old
 
     # ---- set by the engine before each forward ----
-    def for_decode(self, n: int, positions: torch.Tensor, view_len: int) -> None:
-        self._mode, self._n, self._pos, self._view = "decode", n, positions, view_len
+    def for_decode(self, n: int, positions: torch.Tensor, view_len: int, paged: bool = False) -> None:
+        """``paged``: the step's attention reads the page tables (``paged``), so ``update`` returns the layer's
+        whole paged buffer instead of the first ``view_len`` positions of rows ``0..n-1``."""
+        self._mode = "decode_paged" if paged else "decode"
+        self._n, self._pos, self._view = n, positions, view_len
 
     def for_prefill(self, slot: int, start: int) -> None:
         self._mode, self._slot, self._start = "prefill", slot, start
@@ -145,10 +179,12 @@ class SlotKVCache:
     # ---- the transformers Cache interface actually used ----
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         k, v = self.k[layer_idx], self.v[layer_idx]
-        if self._mode == "decode":
+        if self._mode in ("decode", "decode_paged"):
             n, rows = self._n, self.rows[: self._n]
             k[rows, :, self._pos] = key_states[:, :, 0]
             v[rows, :, self._pos] = value_states[:, :, 0]
+            if self._mode == "decode_paged":
+                return self.paged(layer_idx)
             return k[:n, :, : self._view], v[:n, :, : self._view]
         if self._mode == "prefill_batch":
             dst_slot, dst_pos, src_row, src_col = self._batch_write

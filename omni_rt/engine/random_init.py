@@ -134,13 +134,15 @@ def build_causal_lm(
     size: Size = "full",
     tokenizer: Any = None,
     seed: int = 0,
+    overrides: dict[str, Any] | None = None,
 ) -> torch.nn.Module:
     """A random-init thinker or codec LM of ``model_id``'s shape. With ``tokenizer`` (the stand-in), the model's
     eos is the tokenizer's (the engine stops on ids of the tokenizer it detokenizes with) and, for a chat LM,
-    the tokenizer's ids are the likely outputs; for Orpheus the SNAC codes are."""
+    the tokenizer's ids are the likely outputs; for Orpheus the SNAC codes are. ``overrides``: config fields
+    replaced (e.g. a tiny model with a head size FlashInfer has kernels for)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    kw = model_config(model_id, size)
+    kw = {**model_config(model_id, size), **(overrides or {})}
     arch = kw.pop("arch")
     cls, cfg_cls = {"llama": (LlamaForCausalLM, LlamaConfig), "qwen2": (Qwen2ForCausalLM, Qwen2Config)}[arch]
     is_codec = model_id == "canopylabs/orpheus-3b-0.1-ft"

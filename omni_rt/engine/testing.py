@@ -16,9 +16,10 @@ from omni_rt.core.messages import IncomingMessage
 
 
 def build_tiny_model(
-    arch: str, out_dir: str | Path, *, vocab_size: int = 256, seed: int = 0, tokenizer: Any = None
+    arch: str, out_dir: str | Path, *, vocab_size: int = 256, seed: int = 0, tokenizer: Any = None, **config: Any
 ) -> Path:
-    """Save a 2-layer, hidden-64 ``llama`` or ``qwen2`` with random weights (GQA: 4 query / 2 KV heads).
+    """Save a 2-layer, hidden-64 ``llama`` or ``qwen2`` with random weights (GQA: 4 query / 2 KV heads);
+    ``config``: fields replaced (e.g. ``head_dim=64``).
 
     ``initializer_range`` is large so greedy outputs vary from step to step instead of repeating one token.
     """
@@ -37,6 +38,7 @@ def build_tiny_model(
         eos_token_id=0,
         pad_token_id=0,
         tie_word_embeddings=False,
+        **config,
     )
     cls, cfg = {
         "llama": (LlamaForCausalLM, LlamaConfig),

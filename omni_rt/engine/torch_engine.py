@@ -27,14 +27,25 @@ from typing import Sequence
 
 import torch
 
-from omni_rt.engine.attention import PACKED_GQA, use_packed_gqa
+from omni_rt.engine.attention import PACKED_GQA, SDPA_FAMILY, switch_attention
 from omni_rt.engine.kv_cache import KVBlob, SlotKVCache
+from omni_rt.engine.paged_attention import (
+    PAGE_SIZE,
+    PAGED_DECODE,
+    GatherDecode,
+    PagedDecode,
+    flashinfer_available,
+    page_tables,
+    paged_decode_attention,
+    probe_flashinfer,
+)
 from omni_rt.engine.request import SamplingParams
 from omni_rt.engine.sampling import SlotSampler
 
 log = logging.getLogger(__name__)
 
 _CPU_INITIAL_CAPACITY = 256
+_ATTENTIONS = ("auto", "packed_gqa", "sdpa", "flashinfer", "paged_sdpa")
 
 
 def _eos_ids(model) -> set[int]:
@@ -69,7 +80,7 @@ class TorchEngine:
         max_seq_len: int | None = None,
         cuda_graphs: bool = True,
         static_kv: bool | None = None,
-        attention: str = "packed_gqa",
+        attention: str = "auto",
         context_buckets: Sequence[int] | None = None,
     ) -> None:
         """``static_kv`` (default: on GPU) preallocates ``max_seq_len`` and decodes fixed shapes — batch padded to
@@ -78,8 +89,12 @@ class TorchEngine:
         what the CUDA graphs, one per batch bucket x context bucket, replay. A step so reads what is in use,
         rounded up, not the whole buffer. It runs eagerly on CPU too, so tests check that path without a GPU.
 
-        ``attention``: ``"packed_gqa"`` (default; ``omni_rt.engine.attention``) or transformers' stock
-        ``"sdpa"``, which copies K/V per layer per step for GQA models when a mask is passed."""
+        ``attention``: ``"auto"`` (default) is ``"flashinfer"`` on CUDA when FlashInfer is installed and runs,
+        else ``"packed_gqa"`` (``omni_rt.engine.attention``). ``"sdpa"``: transformers' stock SDPA, which copies
+        K/V per layer per step for GQA models when a mask is passed. ``"flashinfer"``: paged decode, each row
+        reading exactly its own pages (``omni_rt.engine.paged_attention``), one CUDA graph per batch bucket, so
+        ``context_buckets`` do not apply. ``"paged_sdpa"``: the same page tables read by gather + SDPA (any
+        device; what FlashInfer is checked against, not a fast path, never graph-captured)."""
         self.model = model.eval()
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         param = next(model.parameters())
@@ -91,27 +106,44 @@ class TorchEngine:
         self.vocab_size = cfg.vocab_size
 
         attn = getattr(cfg, "_attn_implementation", "sdpa") or "sdpa"
-        if attn not in ("sdpa", "eager", PACKED_GQA):
+        if attn not in SDPA_FAMILY and attn != "eager":
             raise ValueError(f"attention implementation {attn!r} unsupported; load with attn_implementation='sdpa'")
-        if attention not in ("packed_gqa", "sdpa"):
-            raise ValueError(f"attention must be 'packed_gqa' or 'sdpa', got {attention!r}")
-        if attention == "packed_gqa" and attn == "sdpa":
-            use_packed_gqa(model)  # GQA without per-layer K/V copies (see omni_rt.engine.attention)
-        self.attention = getattr(model.config, "_attn_implementation", attn)
-        self._bool_mask = attn in ("sdpa", PACKED_GQA)
-        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
+        sdpa_like = attn in SDPA_FAMILY  # sdpa, or one of ours (a model another engine switched)
+        if attention not in _ATTENTIONS:
+            raise ValueError(f"attention must be one of {', '.join(map(repr, _ATTENTIONS))}, got {attention!r}")
         on_gpu = self.device.type == "cuda"
         self.static_kv = on_gpu if static_kv is None else static_kv
         heads = cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        self.paged: PagedDecode | None = None
+        if attention in ("auto", "flashinfer", "paged_sdpa"):
+            if attention != "auto" and context_buckets is not None:
+                raise ValueError(f"context_buckets do not apply to attention={attention!r}: a paged decode step "
+                                 "reads each row's own pages")
+            self.paged = self._paged_reader(attention, model, sdpa_like, heads, kv_heads, head_dim, cuda_graphs)
+        # decode via the reader, prefill packed GQA
+        if self.paged is not None and not switch_attention(model, PAGED_DECODE, paged_decode_attention):
+            if attention != "auto":
+                raise ValueError(f"attention={attention!r}: {type(model).__name__} takes no custom attention function")
+            self.paged = None
+        if self.paged is None and attention in ("auto", "packed_gqa"):
+            switch_attention(model, PACKED_GQA)  # GQA without per-layer K/V copies (omni_rt.engine.attention)
+        elif attention == "sdpa":
+            switch_attention(model, "sdpa")
+        self.attention = self.paged.name if self.paged else getattr(model.config, "_attn_implementation", attn)
+        self._bool_mask = sdpa_like
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
         self.kv = SlotKVCache(
             num_layers=cfg.num_hidden_layers,
             num_slots=max_batch_size,
-            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
             capacity=self.max_seq_len if self.static_kv else min(_CPU_INITIAL_CAPACITY, self.max_seq_len),
             max_capacity=self.max_seq_len,
             initial_slots=None if self.static_kv else 1,
+            page_size=PAGE_SIZE if self.paged else None,
             dtype=self.dtype,
             device=self.device,
         )
@@ -122,12 +154,46 @@ class TorchEngine:
         # per-slot sampling parameters and generated-token history (penalties, n-grams, seeded noise)
         self.sampler = SlotSampler(max_batch_size, self.vocab_size, self.max_seq_len, self.device)
         self._arange = torch.arange(self.max_seq_len, device=self.device)
-        self.context_buckets = self._context_buckets(context_buckets)
+        # a paged step reads each row's own pages: the static shape fixes only the batch
+        self.context_buckets = [self.max_seq_len] if self.paged else self._context_buckets(context_buckets)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch bucket, context bucket)
         self._graph_out: torch.Tensor | None = None  # [max_batch_size, V]: every graph writes its logits here
         self.capture_s = 0.0
-        if self.static_kv and on_gpu and cuda_graphs:
+        if self.static_kv and on_gpu and cuda_graphs and (self.paged is None or self.paged.graphable):
             self._capture_graphs()
+
+    def _paged_reader(self, attention: str, model, sdpa_like: bool, heads: int, kv_heads: int, head_dim: int,
+                      cuda_graphs: bool) -> PagedDecode | None:
+        """The paged decode reader ``attention`` asks for; None where ``"auto"`` finds no working FlashInfer
+        (not CUDA, not installed, or its kernels fail to build or run: then the warning says why)."""
+        attn = model.config._attn_implementation
+        if attention == "paged_sdpa":
+            if not sdpa_like:
+                raise ValueError(f"attention='paged_sdpa' needs an SDPA model, not {attn!r}")
+            return GatherDecode(PAGE_SIZE, self.device)
+        problem = None
+        if self.device.type != "cuda":
+            problem = f"needs a CUDA device (the model is on {self.device.type})"
+        elif not flashinfer_available():
+            problem = "needs FlashInfer: pip install 'omni-rt[gpu]'"
+        elif not sdpa_like:
+            problem = f"needs an SDPA model, not {attn!r}"
+        if problem is not None:
+            if attention == "auto":
+                return None
+            raise ValueError(f"attention='flashinfer' {problem}")
+        scaling = next((m.scaling for m in model.modules() if isinstance(getattr(m, "scaling", None), float)), None)
+        try:
+            return probe_flashinfer(
+                num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, page_size=PAGE_SIZE,
+                pages_per_row=-(-self.max_seq_len // PAGE_SIZE), dtype=self.dtype, device=self.device,
+                cuda_graphs=cuda_graphs and self.static_kv, scaling=scaling,
+            )
+        except Exception as exc:  # JIT build without nvcc, an unsupported head_dim or dtype, ...
+            if attention != "auto":
+                raise
+            log.warning("FlashInfer decode unavailable (%s: %s); using packed-GQA SDPA", type(exc).__name__, exc)
+            return None
 
     # ---------------------------------------------------------------- forward
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
@@ -137,7 +203,9 @@ class TorchEngine:
             ~allowed, torch.finfo(self.dtype).min
         )
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, allowed: torch.Tensor, paged: bool = False
+                 ) -> torch.Tensor:
+        extra = {"paged_decode": self.paged} if paged else {}  # transformers hands it to the attention function
         out = self.model(
             input_ids=ids,
             position_ids=pos,
@@ -145,13 +213,22 @@ class TorchEngine:
             use_cache=True,
             logits_to_keep=1,
             **{self._cache_kw: self.kv},
+            **extra,
         )
         return out.logits[:, -1]
 
     def _decode_forward(self, n: int, view_len: int) -> torch.Tensor:
-        self.kv.for_decode(n, self.pos[:n], view_len)
+        """Rows ``0..n-1`` (a paged step's tables planned first: ``_plan_pages``)."""
+        paged = self.paged is not None
+        self.kv.for_decode(n, self.pos[:n], view_len, paged=paged)
         allowed = (self._arange[None, :view_len] <= self.pos[:n, None])[:, None, None, :]
-        return self._forward(self.tokens[:n, None], self.pos[:n, None], allowed)
+        return self._forward(self.tokens[:n, None], self.pos[:n, None], allowed, paged=paged)
+
+    def _plan_pages(self, rows: int) -> None:
+        """Page tables of a decode step over rows ``0..rows-1``: each reads its KV plus the token it writes.
+        Host work only, outside any graph (a graph replays whatever tables were planned last)."""
+        tables = page_tables([n + 1 for n in self.lengths[:rows]], PAGE_SIZE, self.kv.pages_per_slot)
+        self.paged.plan(tables, rows)
 
     # ---------------------------------------------------------------- CUDA graphs
     def _buckets(self) -> list[int]:
@@ -193,6 +270,8 @@ class TorchEngine:
         try:
             for ctx in sorted(self.context_buckets, reverse=True):
                 for b in sorted(self._buckets(), reverse=True):
+                    if self.paged is not None:
+                        self._plan_pages(b)  # the graph captures this bucket's wrapper and its fixed buffers
                     logits = self._decode_forward(b, ctx)  # warm-up: lazy inits, cuBLAS workspaces
                     if self._graph_out is None:
                         self._graph_out = torch.empty(
@@ -320,6 +399,8 @@ class TorchEngine:
         bool: allowed tokens per row (grammar rows; unconstrained rows all True)."""
         if self.static_kv:
             key = self._static_shape(n)
+            if self.paged is not None:
+                self._plan_pages(key[0])
             graph = self.graphs.get(key)
             if graph is not None:
                 graph.replay()
@@ -329,6 +410,8 @@ class TorchEngine:
         else:
             view_len = max(self.lengths[:n]) + 1
             self.kv.ensure_capacity(view_len, n)
+            if self.paged is not None:
+                self._plan_pages(n)
             logits = self._decode_forward(n, view_len)
         if mask is not None:
             logits = logits.masked_fill(~mask, float("-inf"))
