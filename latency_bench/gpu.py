@@ -12,6 +12,9 @@ Sections (all in one JSON, ``latency_bench/results/gpu.json`` or ``gpu-smoke.jso
   captured), sampling and the host read of the tokens, as the scheduler pays it. KV is filled by real prefills;
 * ``equality`` — greedy tokens of the graph path vs the eager path on a small shape (on CPU: the static-KV
   eager path vs the growable one), same prompts: must be identical;
+* ``paged`` — the same for paged decode (``omni_rt.engine.paged_attention``) vs packed-GQA SDPA: FlashInfer
+  where it is installed on CUDA, else the gather reader of the same page tables. Where FlashInfer runs, the
+  ``decode`` rows are measured twice, ``auto`` (FlashInfer) and ``packed_gqa``, side by side;
 * ``preset`` — the gpu preset through the Coordinator (every stage on random weights via the factories'
   ``random_init``): time from the end of a text turn to the first vocoder PCM (TTFA), and playback
   underruns (a 24 kHz player started at the first chunk runs dry before the next arrives), at 1/8/16
@@ -130,8 +133,9 @@ def _fill(engine, lengths: list[int], upto: int, vocab: int, chunk: int = 2048) 
         lengths[slot] = cur
 
 
-def decode_rows(model_id: str, plan: Plan, gb_per_s: float) -> list[dict[str, Any]]:
-    """ms per decode step of ``model_id``'s shape for every (context, batch), with the read floors."""
+def decode_rows(model_id: str, plan: Plan, gb_per_s: float, attention: str = "auto") -> list[dict[str, Any]]:
+    """ms per decode step of ``model_id``'s shape for every (context, batch), with the read floors;
+    ``attention`` as ``TorchEngine`` takes it (the row says what it resolved to)."""
     from omni_rt.engine.random_init import build_causal_lm, decode_weight_bytes
     from omni_rt.engine.torch_engine import TorchEngine
     from omni_rt.engine.weights import torch_dtype
@@ -141,7 +145,8 @@ def decode_rows(model_id: str, plan: Plan, gb_per_s: float) -> list[dict[str, An
     cfg = model.config
     max_b = max(plan.batches)
     # room for every timed step after the largest context (each batch level advances rows by warm-up + steps)
-    engine = TorchEngine(model, max_batch_size=max_b, max_seq_len=max(plan.contexts) + (plan.steps + 2) * len(plan.batches) + 8)
+    engine = TorchEngine(model, max_batch_size=max_b, attention=attention,
+                         max_seq_len=max(plan.contexts) + (plan.steps + 2) * len(plan.batches) + 8)
     weight_bytes = decode_weight_bytes(model)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * model.dtype.itemsize
@@ -163,7 +168,8 @@ def decode_rows(model_id: str, plan: Plan, gb_per_s: float) -> list[dict[str, An
             live_kv = kv_per_token * sum(lengths[:b])
             floor = weight_bytes / (gb_per_s * 1e9) * 1000
             rows.append({
-                "model": model_id, "batch": b, "context": ctx, "ms_per_step": round(ms, 3),
+                "model": model_id, "variant": attention, "attention": engine.attention,
+                "batch": b, "context": ctx, "ms_per_step": round(ms, 3),
                 "floor_ms": round(floor, 3), "floor_kv_ms": round((weight_bytes + live_kv) / (gb_per_s * 1e9) * 1000, 3),
                 "x_floor": round(ms / floor, 2), "tokens_per_s": round(b * 1000 / ms, 1),
             })
@@ -218,6 +224,34 @@ def graph_equality(plan: Plan, steps: int = 24) -> dict[str, Any]:
     _free()
     return {"compared": compared, "rows": len(prompts), "steps": steps, "tokens_equal": not mismatch and bool(a),
             "mismatched_rows": mismatch, "distinct_tokens": len({t for row in a for t in row})}
+
+
+def paged_equality(plan: Plan, steps: int = 24) -> dict[str, Any]:
+    """Greedy tokens of paged decode vs packed-GQA SDPA, static KV (graphs where CUDA has them), same prompts.
+    The two engines run one after the other: each switches the shared model's attention function."""
+    from omni_rt.engine.paged_attention import flashinfer_available
+    from omni_rt.engine.random_init import build_causal_lm
+    from omni_rt.engine.torch_engine import TorchEngine
+    from omni_rt.engine.weights import torch_dtype
+
+    cuda = torch.device(plan.device).type == "cuda"
+    paged = "flashinfer" if cuda and flashinfer_available() else "paged_sdpa"
+    # head_dim 64 (tiny is 16): the smallest FlashInfer builds kernels for
+    model = build_causal_lm(THINKER, dtype=torch_dtype(plan.dtype), device=plan.device, size="tiny",
+                            overrides={"head_dim": 64})
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(10, 49152, (n,), generator=g).tolist() for n in (5, 16, 17, 40)]
+    kw = dict(max_batch_size=len(prompts), max_seq_len=128, static_kv=True, cuda_graphs=cuda)
+    ref = greedy_tokens(TorchEngine(model, attention="packed_gqa", **kw), prompts, steps)
+    _free()
+    engine = TorchEngine(model, attention=paged, **kw)
+    got = greedy_tokens(engine, prompts, steps)
+    same = sum(x == y for a, b in zip(ref, got) for x, y in zip(a, b))
+    out = {"compared": f"{engine.attention} vs packed_gqa", "graphs": len(engine.graphs), "rows": len(prompts),
+           "steps": steps, "tokens_equal": ref == got and bool(got), "token_agreement": round(same / sum(map(len, ref)), 3)}
+    del engine, model
+    _free()
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- preset
@@ -347,22 +381,28 @@ def run(plan: Plan, smoke: bool, out: Path | None = None) -> dict[str, Any]:
     gb_per_s = bw.get("gb_per_s") or math.nan
 
     def decode() -> list[dict[str, Any]]:
+        from omni_rt.engine.paged_attention import flashinfer_available
+
         rows, errors = [], {}
+        # "auto" is FlashInfer where it runs: then packed-GQA SDPA is measured too, for the comparison
+        variants = ["auto"] + (["packed_gqa"] if torch.device(plan.device).type == "cuda" and flashinfer_available() else [])
         for mid in (THINKER, CODEC_LM):
-            try:
-                rows += decode_rows(mid, plan, gb_per_s)
-            except Exception as exc:  # noqa: BLE001 - the other model's rows are still worth having
-                log.exception("decode %s failed", mid)
-                errors[mid] = f"{type(exc).__name__}: {exc}"
-                _free()
+            for variant in variants:
+                try:
+                    rows += decode_rows(mid, plan, gb_per_s, variant)
+                except Exception as exc:  # noqa: BLE001 - the other model's rows are still worth having
+                    log.exception("decode %s (%s) failed", mid, variant)
+                    errors[f"{mid} {variant}"] = f"{type(exc).__name__}: {exc}"
+                    _free()
         if errors:
             result["decode_errors"] = errors
             print(f"decode errors: {errors}", flush=True)
-        result["decode_models"] = {r["info"]["model"]: r["info"] for r in rows}
+        result["decode_models"] = {f"{r['info']['model']} {r['variant']}": r["info"] for r in rows}
         return [{k: v for k, v in r.items() if k != "info"} for r in rows]
 
     section("decode", decode)
     section("equality", lambda: graph_equality(plan))
+    section("paged", lambda: paged_equality(plan))
     section("preset", lambda: asyncio.run(preset_latency(plan)))
     section("targets", lambda: check_targets(result))
     return result
@@ -374,7 +414,7 @@ def _failed(value: Any) -> bool:
 
 def _step_ms(rows: list[dict[str, Any]], model: str, batch: int) -> dict[str, Any] | None:
     """The decode row of ``model`` at ``batch`` and the smallest measured context (the target's case)."""
-    rows = [r for r in rows if r["model"] == model and r["batch"] == batch]
+    rows = [r for r in rows if r["model"] == model and r["batch"] == batch and r.get("variant", "auto") == "auto"]
     return min(rows, key=lambda r: r["context"]) if rows else None
 
 
@@ -412,19 +452,22 @@ def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
 def table(result: dict[str, Any]) -> str:
     """The printed report (markdown tables: the README's GPU section pastes it)."""
     err = lambda name: result[name]["error"] if _failed(result.get(name)) else None  # noqa: E731
-    bw, eq = result.get("bandwidth", {}), result.get("equality", {})
+    bw, eq, pg = result.get("bandwidth", {}), result.get("equality", {}), result.get("paged", {})
     out = [f"# GPU benchmark ({result['kind']}): {result['machine']['gpu']}, torch {result['torch']}, "
            f"transformers {result['transformers']}, {result.get('wall_s')} s",
            f"bandwidth {bw.get('gb_per_s')} GB/s; graph vs eager: {eq.get('compared')}, "
            f"tokens equal: {eq.get('tokens_equal')}" + (f" (equality failed: {err('equality')})" if err("equality") else ""),
+           f"paged decode: {pg.get('compared')}, tokens equal: {pg.get('tokens_equal')} "
+           f"(agreement {pg.get('token_agreement')})" + (f" (failed: {err('paged')})" if err("paged") else ""),
            ""]
     if err("decode"):
         out.append(f"decode failed: {err('decode')}")
     else:
-        out += ["| model | batch | context | ms/step | weight floor ms | +KV floor ms | x floor | tok/s |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        out += ["| model | attention | batch | context | ms/step | weight floor ms | +KV floor ms | x floor | tok/s |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in result["decode"]:
-            out.append(f"| {r['model']} | {r['batch']} | {r['context']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | "
+            out.append(f"| {r['model']} | {r.get('attention')} | {r['batch']} | {r['context']} | {r['ms_per_step']:.2f} | "
+                       f"{r['floor_ms']:.2f} | "
                        f"{r['floor_kv_ms']:.2f} | {r['x_floor']:.1f} | {r['tokens_per_s']:.0f} |")
     out.append("")
     if err("preset"):

@@ -31,6 +31,10 @@ def test_gpu_bench_smoke_writes_every_section(tmp_path, capsys):
     eq = r["equality"]
     assert eq["tokens_equal"] is True and eq["compared"] == "static-KV eager vs growable"
     assert eq["distinct_tokens"] > 1  # a comparison of one repeated token would prove little
+    paged = r["paged"]  # on CPU the page tables are read by gather + SDPA: exactly the packed-GQA tokens
+    assert paged["compared"] == "paged_sdpa vs packed_gqa" and paged["tokens_equal"] is True
+    assert paged["token_agreement"] == 1.0
+    assert {row["attention"] for row in rows} == {"omni_packed_gqa"}  # "auto" on CPU
 
     pre = r["preset"]
     cfg = load_preset("gpu")  # every stage that can run on random weights did (ASR, thinker, codec LM, vocoder)
@@ -45,7 +49,8 @@ def test_gpu_bench_smoke_writes_every_section(tmp_path, capsys):
 
     assert len(r["targets"]) == 5 and all(isinstance(t["ok"], bool) for t in r["targets"])
     printed = capsys.readouterr().out
-    assert "| model | batch | context | ms/step |" in printed and "TTFA p50" in printed
+    assert "| model | attention | batch | context | ms/step |" in printed and "TTFA p50" in printed
+    assert "paged decode: paged_sdpa vs packed_gqa, tokens equal: True" in printed
 
 
 def test_targets_follow_the_measurements_and_fail_on_missing_sections():
