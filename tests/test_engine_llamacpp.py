@@ -130,6 +130,24 @@ def test_two_concurrent_sessions(sched):
     assert "eight" in both["b"]["result"]["text"].lower() or "8" in both["b"]["result"]["text"]
 
 
+def test_language_bias_reaches_llama_server(sched):
+    """With ``languages: [en]`` every request carries the built-in engine's vocabulary bias as ``logit_bias``:
+    asked to repeat accented French words, the steered thinker's answer has no accented letter (Piper's English
+    voice would garble them), where the same question without languages gets them back."""
+    ask = _q("Répète exactement ces mots : élève, café, déjà.")
+    plain = _ask(sched, "fr-plain", ask)["result"]["text"]
+    assert not plain.isascii(), plain  # the control: the bias, not the question, is what removes them
+    steered = create_ar_scheduler("smollm2", backend="llama.cpp", max_batch_size=1, kv_budget_tokens=2048,
+                                  cpu_threads=1, default_max_tokens=48, languages=["en"])
+    assert len(steered.logit_bias) > 500 and [False] in [b[1:] for b in steered.logit_bias]
+    steered.start()
+    try:
+        text = _ask(steered, "fr-steered", ask)["result"]["text"]
+    finally:
+        steered.stop()
+    assert text.strip() and all(c.isascii() for c in text if c.isalpha()), text
+
+
 def test_crash_mid_answer_fails_clearly_then_recovers(sched):
     send(sched, "doomed", {"messages": _q("Write a long essay about the history of Rome."), "max_tokens": 400,
                            "ignore_eos": True})

@@ -55,8 +55,8 @@ class AsyncStreamScheduler(ThreadedScheduler):
         languages: list[str] | None = None,
     ) -> None:
         """``sampling``/``answer_policy``/``languages``: preset defaults, as for the built-in ``ARScheduler``
-        (languages steer the prompt only: an upstream's vocabulary mask would mean thousands of logit_bias
-        entries per request)."""
+        (languages steer the prompt only: a generic upstream's token ids are not known here; the llama.cpp
+        thinker, whose vocabulary is the tokenizer's, adds the vocabulary bias as ``logit_bias``)."""
         super().__init__()
         self.name = name
         self.default_max_tokens = default_max_tokens

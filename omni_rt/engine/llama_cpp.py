@@ -383,6 +383,22 @@ class LlamaServer:
 
 
 # ----------------------------------------------------------------------------------------------- the scheduler
+def language_logit_bias(tokenizer: Any, languages: tuple[str, ...]) -> list[list[Any]]:
+    """The built-in engine's language bias (``omni_rt.engine.language.vocab_bias``) as llama-server's
+    ``logit_bias``: ``[id, false]`` bans a token, ``[id, bias]`` adds to its logit. Sent with every request
+    (925 entries, ~10 KB, for English on SmolLM2): the server runs the GGUF of the very tokenizer the ids
+    come from, which a generic OpenAI-compatible upstream does not promise, so only this dialect gets it."""
+    if tokenizer is None or not languages:
+        return []
+    from omni_rt.engine.language import vocab_bias
+
+    bias = vocab_bias(tokenizer, languages, len(tokenizer))
+    if bias is None:
+        return []
+    ids = bias.nonzero().flatten().tolist()
+    return [[i, False if bias[i] == float("-inf") else round(float(bias[i]), 3)] for i in ids]
+
+
 def _make_scheduler_class():
     # imported lazily: keeps ``python -m omni_rt.engine.llama_cpp build`` free of httpx/engine imports
     import asyncio
@@ -415,6 +431,7 @@ def _make_scheduler_class():
         def __init__(self, server: LlamaServer, **kwargs: Any) -> None:
             super().__init__(server.base_url + "/v1", **kwargs)
             self.server = server
+            self.logit_bias = language_logit_bias(self.tokenizer, self.languages)
 
         @property  # type: ignore[override]
         def base_url(self) -> str:  # follows the server if a restart had to move it to another port
@@ -442,6 +459,12 @@ def _make_scheduler_class():
             return bool(req.tools and req.tool_choice != "none") or has_tool_msgs
 
         def request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
+            path, body = self._request(req)
+            if self.logit_bias:
+                body["logit_bias"] = self.logit_bias
+            return path, body
+
+        def _request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
             if not self._own_tool_prompt(req):
                 return super().request(req)
             text = render_prompt(self.tokenizer, req.messages, req.tools, req.tool_choice)
