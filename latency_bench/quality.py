@@ -315,7 +315,7 @@ def derive(base: str, greedy: bool, tmp: Path) -> str:
     """The preset file a run serves: the base as is, or its thinker without the decoding/policy/language args."""
     import yaml
 
-    from models.presets import PRESET_DIR
+    from omni_rt.presets import PRESET_DIR
 
     path = Path(base) if Path(base).suffix else PRESET_DIR / f"{base}.yaml"
     if not greedy:
@@ -388,7 +388,8 @@ A voice answer must be short, on topic, loop-free and in a language the voice ca
   remote/llama.cpp path applies the same policy and closes the upstream stream when it stops.
 * **Languages** (thinker arg `languages`, what the talker can speak): one sentence in the system prompt, a user
   turn in another language wrapped as "Translate this question to English and answer it in English", and a logit bias: `-inf` for tokens of other
-  scripts (for English: every non-ASCII letter), a soft bias against other languages' function words."""
+  scripts (for English: every non-ASCII letter), a soft bias against other languages' function words (the
+  llama.cpp thinker gets the same bias as llama-server's `logit_bias`, 925 entries for English on SmolLM2)."""
 
 
 def update_readme(md: str, header: str) -> None:

@@ -12,3 +12,19 @@ def test_update_readme_keeps_subsections_and_later_sections(tmp_path):
     assert "new table" in text and "old table" not in text
     assert "### Turn taking\n\nkept" in text and "## Answer quality\n\nalso kept" in text
     assert text.index("new table") < text.index("### Turn taking")
+
+
+def test_quality_bench_derives_its_two_presets(tmp_path):
+    """latency_bench.quality serves the packaged preset as is and a greedy copy of it (its thinker without
+    sampling, answer policy and languages); the copy still loads as a preset."""
+    import yaml
+
+    from latency_bench.quality import derive
+    from omni_rt.presets import PRESET_DIR, load_preset
+
+    assert derive("cpu", False, tmp_path) == str(PRESET_DIR / "cpu.yaml")
+    greedy = derive("cpu", True, tmp_path)
+    data = yaml.safe_load(open(greedy))
+    thinker = next(st for st in data["stages"] if st["name"] == data["entry"])
+    assert not {"sampling", "answer_policy", "languages"} & set(thinker["args"])
+    assert load_preset(greedy).name == "cpu-greedy"
