@@ -387,7 +387,7 @@ A voice answer must be short, on topic, loop-free and in a language the voice ca
   mid-word; the text that leaves the thinker is exactly what is spoken (`finish_reason: "policy"`). The
   remote/llama.cpp path applies the same policy and closes the upstream stream when it stops.
 * **Languages** (thinker arg `languages`, what the talker can speak): one sentence in the system prompt, a user
-  turn in another language wrapped as "Translate this question to English and answer it in English", and a logit bias: `-inf` for tokens of other
+  turn in another language rewritten as "Question (not in English): ... English answer:", and a logit bias: `-inf` for tokens of other
   scripts (for English: every non-ASCII letter), a soft bias against other languages' function words (the
   llama.cpp thinker gets the same bias as llama-server's `logit_bias`, 925 entries for English on SmolLM2)."""
 

@@ -208,3 +208,8 @@ def test_steer_messages_appends_to_the_system_prompt():
     assert msgs[0]["content"] == "Be brief."  # the caller's list is not changed
     assert steer_messages([{"role": "user", "content": "Hi"}], ("en", "fr"))[0]["content"].startswith(
         "Always reply in English or French")
+    # a turn in a language the voice cannot speak primes an answer in its first language; English ones stay
+    chat = [{"role": "user", "content": "Quelle est la capitale de la France ?"}, {"role": "user", "content": "Why?"}]
+    out = steer_messages(chat, ("en",))
+    assert out[1]["content"] == "Question (not in English): Quelle est la capitale de la France ?\nEnglish answer:"
+    assert out[2] == chat[1]
