@@ -112,25 +112,35 @@ def test_attention_choices_are_checked(qwen2):
         _engine(qwen2, attention="paged")
 
 
+def test_paged_decode_refuses_what_it_cannot_apply(tmp_path):
+    """A sliding-window model is refused by name (the readers see whole pages), and auto keeps packed GQA."""
+    windowed = build_tiny_model("qwen2", tmp_path / "sw", use_sliding_window=True, sliding_window=8,
+                                max_window_layers=0)
+    with pytest.raises(ValueError, match="attention='paged_sdpa' does not apply sliding-window attention"):
+        _engine(windowed, attention="paged_sdpa")
+    assert _engine(windowed).attention == "omni_packed_gqa"
+
+
 @on_gpu_with_flashinfer
 def test_flashinfer_reads_the_page_tables_as_gather_does():
     from omni_rt.engine.paged_attention import FlashInferDecode
 
     dev, dt = torch.device("cuda"), torch.float16
-    heads, kv_heads, dim, ps, per_slot = 8, 2, 64, 16, 8
+    kv_heads, dim, ps, per_slot = 2, 64, 16, 8
     g = torch.Generator(device="cpu").manual_seed(0)
     k = torch.randn(4 * per_slot, ps, kv_heads, dim, generator=g).to(dev, dt)
     v = torch.randn(4 * per_slot, ps, kv_heads, dim, generator=g).to(dev, dt)
-    q = torch.randn(4, heads, 1, dim, generator=g).to(dev, dt)
     tables = page_tables([1, 16, 17, 100], ps, per_slot)
     module = torch.nn.Module()
-    module.num_key_value_groups = heads // kv_heads
     gather = GatherDecode(ps, dev)
-    gather.plan(tables, 4)
-    want = gather.run(module, q, k, v, dim**-0.5)
-    for graphs in (False, True):
+    for graphs, heads in ((False, 8), (True, 8), (False, 14), (True, 14)):  # group 4: CUDA cores; 7: tensor cores
+        q = torch.randn(4, heads, 1, dim, generator=g).to(dev, dt)
+        module.num_key_value_groups = heads // kv_heads
+        gather.plan(tables, 4)
+        want = gather.run(module, q, k, v, dim**-0.5)
         fi = FlashInferDecode(num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=dim, page_size=ps,
                               pages_per_row=per_slot, dtype=dt, device=dev, cuda_graphs=graphs, scaling=dim**-0.5)
+        assert fi.tensor_cores == (heads // kv_heads > 4)
         fi.plan(tables, 4)
         got = fi.run(module, q, k, v, dim**-0.5)
         assert got.shape == want.shape == (4, 1, heads, dim)

@@ -132,6 +132,9 @@ class FlashInferDecode:
         self._cuda_graphs = cuda_graphs
         self._pages_per_row = pages_per_row
         self._current: object | None = None
+        # FlashInfer's CUDA-core decode is compiled for query groups 1, 2, 3, 4, 6, 8 and 16 only
+        # (DISPATCH_GQA_GROUP_SIZE) and it recommends tensor cores for large groups: Qwen2.5-7B's group is 7
+        self.tensor_cores = num_qo_heads // num_kv_heads > 4
 
     def _wrapper(self, batch: int):
         key = batch if self._cuda_graphs else 0
@@ -140,13 +143,13 @@ class FlashInferDecode:
             if self._cuda_graphs:
                 i32 = dict(dtype=torch.int32, device=self.device)
                 w = self._fi.BatchDecodeWithPagedKVCacheWrapper(
-                    self._workspace, "NHD", use_cuda_graph=True,
+                    self._workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores,
                     paged_kv_indptr_buffer=torch.zeros(batch + 1, **i32),
                     paged_kv_indices_buffer=torch.zeros(batch * self._pages_per_row, **i32),
                     paged_kv_last_page_len_buffer=torch.zeros(batch, **i32),
                 )
             else:
-                w = self._fi.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD")
+                w = self._fi.BatchDecodeWithPagedKVCacheWrapper(self._workspace, "NHD", use_tensor_cores=self.tensor_cores)
             self._wrappers[key] = w
         return w
 
@@ -159,6 +162,8 @@ class FlashInferDecode:
         self._current = w
 
     def run(self, module, query, k_pages, v_pages, scaling):
+        if scaling is not None and self.scaling is not None and abs(scaling - self.scaling) > 1e-9:
+            raise ValueError(f"layer softmax scale {scaling} differs from the planned {self.scaling}")
         out = self._current.run(query[:, :, 0].contiguous(), (k_pages, v_pages))  # [B, H, D]
         return out[:, None]
 
@@ -182,6 +187,9 @@ def paged_decode_attention(module, query, key, value, attention_mask, dropout=0.
     """The registered attention function: a decode step with a ``paged_decode`` reader goes to it (``key`` /
     ``value`` are then the layer's paged buffers, from ``SlotKVCache.update``); anything else is packed GQA."""
     if paged_decode is not None and query.shape[2] == 1:
+        for feature in ("sliding_window", "softcap", "s_aux"):  # read by neither reader: refused, not ignored
+            if kwargs.get(feature) is not None:
+                raise NotImplementedError(f"paged decode does not apply {feature}; use attention: packed_gqa")
         return paged_decode.run(module, query, key, value, scaling), None
     return packed_gqa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                 is_causal=is_causal, **kwargs)

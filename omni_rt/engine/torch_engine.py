@@ -48,6 +48,17 @@ _CPU_INITIAL_CAPACITY = 256
 _ATTENTIONS = ("auto", "packed_gqa", "sdpa", "flashinfer", "paged_sdpa")
 
 
+def _paged_unsupported(cfg) -> str | None:
+    """Why a paged decode reader cannot serve this model (it reads whole pages with plain softmax), or None."""
+    if getattr(cfg, "use_sliding_window", False) or (
+        getattr(cfg, "sliding_window", None) and "use_sliding_window" not in cfg.to_dict()
+    ):
+        return "does not apply sliding-window attention (the model's config uses it)"
+    if getattr(cfg, "attn_logit_softcapping", None):
+        return "does not apply attention soft-capping (the model's config uses it)"
+    return None
+
+
 def _eos_ids(model) -> set[int]:
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos is None:
@@ -167,22 +178,27 @@ class TorchEngine:
         """The paged decode reader ``attention`` asks for; None where ``"auto"`` finds no working FlashInfer
         (not CUDA, not installed, or its kernels fail to build or run: then the warning says why)."""
         attn = model.config._attn_implementation
+        problem = _paged_unsupported(model.config.get_text_config() if hasattr(model.config, "get_text_config")
+                                     else model.config)
         if attention == "paged_sdpa":
-            if not sdpa_like:
-                raise ValueError(f"attention='paged_sdpa' needs an SDPA model, not {attn!r}")
+            if problem is None and not sdpa_like:
+                problem = f"needs an SDPA model, not {attn!r}"
+            if problem is not None:
+                raise ValueError(f"attention='paged_sdpa' {problem}")
             return GatherDecode(PAGE_SIZE, self.device)
-        problem = None
-        if self.device.type != "cuda":
+        if problem is None and self.device.type != "cuda":
             problem = f"needs a CUDA device (the model is on {self.device.type})"
-        elif not flashinfer_available():
+        elif problem is None and not flashinfer_available():
             problem = "needs FlashInfer: pip install 'omni-rt[gpu]'"
-        elif not sdpa_like:
+        elif problem is None and not sdpa_like:
             problem = f"needs an SDPA model, not {attn!r}"
         if problem is not None:
             if attention == "auto":
                 return None
             raise ValueError(f"attention='flashinfer' {problem}")
-        scaling = next((m.scaling for m in model.modules() if isinstance(getattr(m, "scaling", None), float)), None)
+        # the decoder layers' softmax scale (attention modules carry layer_idx); run() checks every layer's
+        scaling = next((m.scaling for m in model.modules()
+                        if hasattr(m, "layer_idx") and isinstance(getattr(m, "scaling", None), float)), None)
         try:
             return probe_flashinfer(
                 num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, page_size=PAGE_SIZE,
