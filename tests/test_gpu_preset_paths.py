@@ -177,6 +177,37 @@ def _prompt(n: int, first: int) -> SpeechPrompt:
                                             "max_tokens": n, "ignore_eos": True})
 
 
+def test_codec_lm_abort_mid_segment_leaks_no_inner_id(tiny_models):
+    """Aborting a response while one of its prompts is generating stops it, and nothing that segment still
+    emits (its tokens, its abort result) leaves under the internal segment id."""
+    import time
+
+    from omni_rt.core.messages import IncomingMessage
+    from omni_rt.engine.factory import create_ar_scheduler
+    from omni_rt.engine.segments import SEGMENT_SEP
+
+    sched = create_ar_scheduler(str(tiny_models / "talker"), dtype="float32", max_batch_size=2, name="codec_lm",
+                                prefix_reuse=False)
+    sched.set_stream_sources(["talker"])
+    sched.start()
+    try:
+        sched.inbox.put(IncomingMessage("a", "stream_chunk", _prompt(7 * 200, 100), "talker"))
+        sched.inbox.put(IncomingMessage("a", "stream_chunk", _prompt(7, 200), "talker"))
+        first = sched.outbox.get(timeout=60)
+        assert (first.request_id, first.type) == ("a", "stream")
+        sched.inbox.put(IncomingMessage("a", "abort"))
+        ids, deadline = set(), time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                ids.add(sched.outbox.get(timeout=0.2).request_id)
+            except Exception:  # queue.Empty: keep listening until the deadline
+                pass
+        assert not any(SEGMENT_SEP in i for i in ids), ids
+        assert sched.live_state() == 0 and not sched._segments.owner, "the aborted response holds nothing"
+    finally:
+        sched.stop()
+
+
 def test_codec_lm_runs_a_responses_prompts_in_order(tiny_models):
     """The codec LM is a plain AR scheduler: stream chunks are prompts, generated one after another under the
     response's id (segment numbers in order), batched with another response's; the result comes after the last

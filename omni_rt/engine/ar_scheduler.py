@@ -206,6 +206,7 @@ class ARScheduler(ThreadedScheduler):
         for owner in list(self._segments.open):  # streamed requests with no segment running
             self._segments.drop(owner)
             self.emit_error(owner, exc, code=code)
+        self._segments.owner.clear()
         self._live.clear()
         self._policies.clear()
         self._waiting.clear()
@@ -297,8 +298,7 @@ class ARScheduler(ThreadedScheduler):
         elif msg.type == "session_close":
             self._close_session(rid)
         elif msg.type == "abort":
-            inner = self._segments.drop(rid) if rid in self._segments.open else None
-            self._abort(inner or rid)
+            self._abort(self._segments.drop(rid) or rid)
         else:
             self.emit_error(rid, f"{msg.type} is not accepted by an AR stage", code="unsupported")
 
@@ -345,6 +345,9 @@ class ARScheduler(ThreadedScheduler):
         owner = self._segments.owner.get(request_id)
         if owner is None:
             super().emit(request_id, type_, data, **metadata)
+        elif self._segments.orphan(request_id):  # the running segment of an aborted or failed response
+            if type_ != "stream":  # its last word: a result or an error
+                del self._segments.owner[request_id]
         elif type_ == "stream":
             if isinstance(data, TokenDelta):
                 data.segment = self._segments.open[owner].count - 1  # the running one is the latest started
@@ -355,6 +358,7 @@ class ARScheduler(ThreadedScheduler):
             self._complete_streamed(owner)
         else:  # an error of one segment fails the whole response
             self._segments.drop(owner)
+            del self._segments.owner[request_id]
             super().emit(owner, type_, data, **metadata)
 
     def close_session(self, session_id: str) -> None:

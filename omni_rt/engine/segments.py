@@ -85,9 +85,12 @@ class SegmentedRequests:
         return {**{k: v for k, v in payload.items() if k != "token_ids"}, "segments": st.count, "segment_tokens": st.tokens}
 
     def drop(self, owner: str) -> str | None:
-        """Forget an owner (abort or failure); returns its running segment's inner id, to stop it."""
+        """Forget an owner (abort or failure); returns its running segment's inner id, to stop it. The inner id
+        stays mapped to the owner until its result arrives, so what it still emits is known to be an orphan's."""
         st = self.open.pop(owner, None)
-        if st is None or st.running is None:
-            return None
-        self.owner.pop(st.running, None)
-        return st.running
+        return None if st is None else st.running
+
+    def orphan(self, inner: str) -> bool:
+        """Whether ``inner`` is a segment of an owner already dropped (its output goes nowhere)."""
+        owner = self.owner.get(inner)
+        return owner is not None and owner not in self.open
