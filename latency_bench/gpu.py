@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import inspect
 import logging
 import math
 import os
@@ -118,19 +117,19 @@ def measure_bandwidth(device: str, mib: int, iters: int = 10) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- decode
-def _fill(engine, lengths: list[int], upto: int, vocab: int, chunk: int = 2048) -> None:
-    """Extend every slot's KV from ``lengths[slot]`` to ``upto`` tokens with real prefills (chunked: bounded
-    activations); ``lengths`` is kept here, not read from the engine's internals."""
+def _fill(engine, upto: int, vocab: int, chunk: int = 2048) -> None:
+    """Extend every slot's KV from its length (``engine.lengths``) to ``upto`` tokens with real prefills
+    (chunked: bounded activations)."""
     from omni_rt.engine.request import SamplingParams
 
     g = torch.Generator().manual_seed(upto)
-    for slot, cur in enumerate(lengths):
+    for slot in range(engine.max_batch_size):
+        cur = engine.lengths[slot]
         while cur < upto:
             n = min(chunk, upto - cur)
             ids = torch.randint(10, vocab, (n,), generator=g).tolist()
             engine.prefill(slot, ids, cur, SamplingParams(), sample_next=cur + n >= upto)
             cur += n
-        lengths[slot] = cur
 
 
 def decode_rows(model_id: str, plan: Plan, gb_per_s: float, attention: str = "auto") -> list[dict[str, Any]]:
@@ -148,14 +147,12 @@ def decode_rows(model_id: str, plan: Plan, gb_per_s: float, attention: str = "au
     engine = TorchEngine(model, max_batch_size=max_b, attention=attention,
                          max_seq_len=max(plan.contexts) + (plan.steps + 2) * len(plan.batches) + 8)
     weight_bytes = decode_weight_bytes(model)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * model.dtype.itemsize
+    kv_per_token = engine.kv.bytes_per_token()
     setup_s = time.perf_counter() - t0
     rows = []
     vocab = min(cfg.vocab_size, 49152)
-    lengths = [0] * max_b  # tokens in each slot's KV
     for ctx in plan.contexts:
-        _fill(engine, lengths, ctx, vocab)
+        _fill(engine, ctx, vocab)
         for b in plan.batches:
             for _ in range(2):  # warm-up (first use of a shape / graph)
                 engine.decode(b)
@@ -164,8 +161,7 @@ def decode_rows(model_id: str, plan: Plan, gb_per_s: float, attention: str = "au
             for _ in range(plan.steps):
                 engine.decode(b)  # returns host token ids: each step ends synchronised
             ms = (time.perf_counter() - t1) * 1000 / plan.steps
-            lengths[:b] = [n + 2 + plan.steps for n in lengths[:b]]
-            live_kv = kv_per_token * sum(lengths[:b])
+            live_kv = kv_per_token * sum(engine.lengths[:b])
             floor = weight_bytes / (gb_per_s * 1e9) * 1000
             rows.append({
                 "model": model_id, "variant": attention, "attention": engine.attention,
@@ -173,7 +169,7 @@ def decode_rows(model_id: str, plan: Plan, gb_per_s: float, attention: str = "au
                 "floor_ms": round(floor, 3), "floor_kv_ms": round((weight_bytes + live_kv) / (gb_per_s * 1e9) * 1000, 3),
                 "x_floor": round(ms / floor, 2), "tokens_per_s": round(b * 1000 / ms, 1),
             })
-    params = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    params = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied head is one parameter
     info = {"model": model_id, "param_gb": round(params / 1e9, 3),  # all parameters (the embedding table too)
             "weight_gb": round(weight_bytes / 1e9, 3),  # what a step reads: the floor's numerator
             "kv_bytes_per_token": kv_per_token,
@@ -200,15 +196,22 @@ def greedy_tokens(engine, prompts: list[list[int]], steps: int) -> list[list[int
     return out
 
 
-def graph_equality(plan: Plan, steps: int = 24) -> dict[str, Any]:
-    """Same model, same prompts, greedy: CUDA graphs vs eager on a GPU; static-KV eager vs growable on CPU."""
+def _tiny_thinker(plan: Plan, prompt_lengths: tuple[int, ...], seed: int, **overrides: Any):
+    """A tiny random thinker on the plan's device and seeded random prompts of ``prompt_lengths`` tokens."""
     from omni_rt.engine.random_init import build_causal_lm
-    from omni_rt.engine.torch_engine import TorchEngine
     from omni_rt.engine.weights import torch_dtype
 
-    model = build_causal_lm(THINKER, dtype=torch_dtype(plan.dtype), device=plan.device, size="tiny")
-    g = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(10, 49152, (n,), generator=g).tolist() for n in (5, 17, 33, 9)]
+    model = build_causal_lm(THINKER, dtype=torch_dtype(plan.dtype), device=plan.device, size="tiny",
+                            overrides=overrides)
+    g = torch.Generator().manual_seed(seed)
+    return model, [torch.randint(10, 49152, (n,), generator=g).tolist() for n in prompt_lengths]
+
+
+def graph_equality(plan: Plan, steps: int = 24) -> dict[str, Any]:
+    """Same model, same prompts, greedy: CUDA graphs vs eager on a GPU; static-KV eager vs growable on CPU."""
+    from omni_rt.engine.torch_engine import TorchEngine
+
+    model, prompts = _tiny_thinker(plan, (5, 17, 33, 9), seed=7)
     kw = dict(max_batch_size=len(prompts), max_seq_len=128)
     if torch.device(plan.device).type == "cuda":
         fast = TorchEngine(model, cuda_graphs=True, **kw)
@@ -230,17 +233,12 @@ def paged_equality(plan: Plan, steps: int = 24) -> dict[str, Any]:
     """Greedy tokens of paged decode vs packed-GQA SDPA, static KV (graphs where CUDA has them), same prompts.
     The two engines run one after the other: each switches the shared model's attention function."""
     from omni_rt.engine.paged_attention import flashinfer_available
-    from omni_rt.engine.random_init import build_causal_lm
     from omni_rt.engine.torch_engine import TorchEngine
-    from omni_rt.engine.weights import torch_dtype
 
     cuda = torch.device(plan.device).type == "cuda"
     paged = "flashinfer" if cuda and flashinfer_available() else "paged_sdpa"
     # head_dim 64 (tiny is 16): the smallest FlashInfer builds kernels for
-    model = build_causal_lm(THINKER, dtype=torch_dtype(plan.dtype), device=plan.device, size="tiny",
-                            overrides={"head_dim": 64})
-    g = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(10, 49152, (n,), generator=g).tolist() for n in (5, 16, 17, 40)]
+    model, prompts = _tiny_thinker(plan, (5, 16, 17, 40), seed=11, head_dim=64)
     kw = dict(max_batch_size=len(prompts), max_seq_len=128, static_kv=True, cuda_graphs=cuda)
     ref = greedy_tokens(TorchEngine(model, attention="packed_gqa", **kw), prompts, steps)
     _free()
@@ -258,14 +256,13 @@ def paged_equality(plan: Plan, steps: int = 24) -> dict[str, Any]:
 def preset_config(plan: Plan):
     """The gpu preset with random weights on every stage that supports them and this plan's device/dtype.
     Args are set by what each factory accepts (never by stage name), so a restructured preset still runs."""
-    from omni_rt.core.config import import_string
-    from omni_rt.engine.random_init import apply_random_weights
+    from omni_rt.engine.random_init import apply_random_weights, explicit_params
     from omni_rt.presets import load_preset
 
     config = load_preset("gpu")
     changed = apply_random_weights(config, plan.size)
     for st in config.stages:
-        params = inspect.signature(import_string(st.factory)).parameters
+        params = explicit_params(st.factory)
         want = {"device": plan.device, "dtype": plan.dtype, "ignore_eos": True}
         if plan.max_batch_size is not None:
             want["max_batch_size"] = plan.max_batch_size

@@ -95,6 +95,8 @@ def samples_per_frame(model: torch.nn.Module) -> int:
 
 
 # ---------------------------------------------------------------- Orpheus token <-> frame mapping
+# position k of an Orpheus frame codes its SNAC code in ids code_offset + k * 4096 ..
+_FRAME_POSITION_OFFSETS = np.arange(CODES_PER_FRAME, dtype=np.int64) * CODEBOOK_SIZE
 
 
 def orpheus_tokens_to_frames(
@@ -104,7 +106,7 @@ def orpheus_tokens_to_frames(
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     if ids.size % CODES_PER_FRAME:
         raise ValueError(f"Orpheus audio tokens come in frames of 7; got {ids.size} tokens")
-    codes = ids.reshape(-1, CODES_PER_FRAME) - code_offset - CODEBOOK_SIZE * np.arange(CODES_PER_FRAME)
+    codes = ids.reshape(-1, CODES_PER_FRAME) - code_offset - _FRAME_POSITION_OFFSETS
     if codes.size and (codes.min() < 0 or codes.max() >= CODEBOOK_SIZE):
         raise ValueError("token id out of range for its position in the Orpheus frame")
     return codes
@@ -320,7 +322,7 @@ def decode_windows(
         parts += [batch.reshape(-1), offsets]
         layout.append((length, members, spans))
     staged = torch.from_numpy(np.concatenate(parts)).to(device)
-    slices: list[torch.Tensor | None] = [None] * len(windows)
+    slices: list[torch.Tensor] = [None] * len(windows)  # type: ignore[list-item]  # every window is in a group
     at = 0
     for length, members, spans in layout:
         b = len(members)
@@ -334,7 +336,7 @@ def decode_windows(
         for row, i in enumerate(members):
             lo, hi = spans[row]
             slices[i] = audio[row, 0, lo:hi]
-    flat = torch.cat([t for t in slices if t is not None]).float().cpu().numpy()  # the one host sync
+    flat = torch.cat(slices).float().cpu().numpy()  # the one host sync
     out, at = [], 0
     for w in windows:
         out.append(flat[at : at + w.hi - w.lo])
@@ -362,7 +364,6 @@ class SnacStreamingDecoder:
         model: torch.nn.Module,
         lookahead_frames: float | None = None,
         context_frames: float | None = None,
-        device: str | torch.device | None = None,
         noise_seed: int = 0,
         window_frames: int | None = None,
     ) -> None:
@@ -372,9 +373,7 @@ class SnacStreamingDecoder:
             half = (window_frames - 1) / 2
             lookahead_frames = half if lookahead_frames is None else lookahead_frames
             context_frames = half if context_frames is None else context_frames
-        self.model = model
-        # decoding runs where the model's weights are; `device` is kept for callers that name it
-        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.model = model  # decoding runs where its weights are
         self.noise_seed = noise_seed
         self.samples_per_frame = spf = samples_per_frame(model)
         self.sample_rate = int(model.sampling_rate)
@@ -415,12 +414,13 @@ class SnacStreamingDecoder:
         if isinstance(frames, np.ndarray) and frames.ndim == 2:
             if frames.shape[1] != CODES_PER_FRAME:
                 raise ValueError(f"frames are [n, 7] codes; got shape {frames.shape}")
-            rows = list(frames.astype(np.int64, copy=False))
+            arr = frames.astype(np.int64, copy=False)
         else:
-            rows = [_frame_to_row(f) for f in frames]
-        for row in rows:
-            if row.min(initial=0) < 0 or row.max(initial=0) >= CODEBOOK_SIZE:
-                raise ValueError(f"SNAC codes are in [0, {CODEBOOK_SIZE}); got {row.tolist()}")
+            arr = np.array([_frame_to_row(f) for f in frames], dtype=np.int64).reshape(-1, CODES_PER_FRAME)
+        bad = (arr < 0) | (arr >= CODEBOOK_SIZE)  # one check for the whole batch of frames, not one per row
+        if bad.any():
+            raise ValueError(f"SNAC codes are in [0, {CODEBOOK_SIZE}); got {arr[bad.any(axis=1)][0].tolist()}")
+        rows = list(arr)
         self._rows.extend(rows)
         self._n += len(rows)
 
@@ -496,5 +496,4 @@ class OrpheusFrameAssembler:
         whole = len(self.pending) // CODES_PER_FRAME * CODES_PER_FRAME
         toks = np.asarray(self.pending[:whole], dtype=np.int64).reshape(-1, CODES_PER_FRAME)
         self.pending = self.pending[whole:]
-        position = np.arange(CODES_PER_FRAME) * CODEBOOK_SIZE
-        return np.clip(toks - self.code_offset - position, 0, CODEBOOK_SIZE - 1)
+        return np.clip(toks - self.code_offset - _FRAME_POSITION_OFFSETS, 0, CODEBOOK_SIZE - 1)

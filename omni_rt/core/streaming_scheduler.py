@@ -21,6 +21,10 @@ class StreamState:
     done_sources: set[str] = field(default_factory=set)
     user: dict[str, Any] = field(default_factory=dict)  # subclass per-request state
 
+    def inputs_complete(self, sources: set[str]) -> bool:
+        """The payload arrived and every stream source said ``stream_done``."""
+        return self.has_payload and sources <= self.done_sources
+
 
 class StreamingSimpleScheduler(ThreadedScheduler):
     """Override ``on_stream_chunk``, ``on_stream_done`` and ``on_complete``; emit with ``self.emit``."""
@@ -98,6 +102,6 @@ class StreamingSimpleScheduler(ThreadedScheduler):
         elif msg.type == "stream_done":
             state.done_sources.add(msg.source or "")
             self.on_stream_done(rid, state, msg.source)
-        if state.has_payload and self._expected_done() <= state.done_sources:
+        if state.inputs_complete(self._expected_done()):
             del self.states[rid]
             self.on_complete(rid, state)

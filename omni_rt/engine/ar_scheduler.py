@@ -44,6 +44,7 @@ from typing import Any
 from omni_rt.core.messages import IncomingMessage
 from omni_rt.core.scheduler import ThreadedScheduler
 from omni_rt.engine.answer_policy import AnswerPolicy
+from omni_rt.engine.constrained import forces_call
 from omni_rt.engine.detokenize import TextStream
 from omni_rt.engine.language import check_languages, steer_messages, vocab_bias
 from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
@@ -406,7 +407,7 @@ class ARScheduler(ThreadedScheduler):
             self._grammars = GrammarFactory(self.tokenizer, self.engine.vocab_size, self.eos_token_ids)
             self._grammars.warm()
         grammar = None
-        if req.tool_choice == "required" or isinstance(req.tool_choice, dict):
+        if forces_call(req.tool_choice):
             grammar = self._grammars.for_tools(fmt, req.tools, req.tool_choice, bool(req.parallel_tool_calls))
         return ToolStream(fmt, grammar)
 
@@ -496,11 +497,11 @@ class ARScheduler(ThreadedScheduler):
         (ties: more rows)."""
         cands = [(len(s.prompt_ids) - self._prefill_pos[s.request_id], i, s) for i, s in enumerate(self._prefilling)]
         free = self.engine.max_batch_size - len(self._rows) - len(self._prefilling)
-        waiting = sorted(
+        waiting = sorted(  # (estimating a cached prefix per waiting request only when one could start)
             ((max(1, len(s.prompt_ids) - self._cached_estimate(s)), len(cands) + i, s)
              for i, s in enumerate(self._waiting)),
             key=lambda c: (c[0], c[1]),
-        )[: max(0, free)]
+        )[:free] if free > 0 else []
         cands = sorted(cands + waiting, key=lambda c: (c[0], c[1]))
         if not cands:
             return [], 0

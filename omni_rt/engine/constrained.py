@@ -75,6 +75,11 @@ def _lit(text: str) -> str:
     return json.dumps(text)  # a Lark string literal: JSON escapes
 
 
+def forces_call(tool_choice: Any) -> bool:
+    """Whether ``tool_choice`` makes the answer a call: ``required`` or a named function."""
+    return tool_choice == "required" or isinstance(tool_choice, dict)
+
+
 def forced_tools(tools: list[dict], tool_choice: Any) -> list[dict]:
     """The tools a forced ``tool_choice`` allows: the named one, or all of them for ``required``."""
     if isinstance(tool_choice, dict):

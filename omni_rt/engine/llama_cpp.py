@@ -406,7 +406,7 @@ def _make_scheduler_class():
     import dataclasses
 
     from omni_rt.engine.async_stream import Delta, UpstreamError
-    from omni_rt.engine.constrained import closed, forced_tools
+    from omni_rt.engine.constrained import closed, forced_tools, forces_call
     from omni_rt.engine.remote import RemoteScheduler, request_body
     from omni_rt.engine.request import GenRequest
     from omni_rt.engine.tools import detect_format, render_prompt
@@ -416,7 +416,7 @@ def _make_scheduler_class():
 
     def forced_schema(req: GenRequest) -> dict[str, Any] | None:
         """For ``required`` / a named ``tool_choice``: the JSON schema of one call object, else None."""
-        if not req.tools or req.tool_choice in (None, "auto", "none"):
+        if not req.tools or not forces_call(req.tool_choice):
             return None
         options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                     "properties": {"name": {"const": t["name"]},
@@ -481,7 +481,7 @@ def _make_scheduler_class():
 
         async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
             restarts, pid = self.server.restarts, self.server.proc.pid if self.server.proc else None
-            framed = self._own_tool_prompt(req) and forced_schema(req) is not None
+            framed = bool(req.tools) and forces_call(req.tool_choice) and self._own_tool_prompt(req)
             try:
                 if framed:  # the call's opening was part of the prompt: the parser sees the whole block
                     yield Delta(text=TOOL_OPEN)

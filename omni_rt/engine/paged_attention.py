@@ -27,6 +27,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+import numpy as np
 import torch
 
 from omni_rt.engine.attention import packed_gqa_attention
@@ -50,17 +51,18 @@ def page_tables(lengths: Sequence[int], page_size: int, pages_per_slot: int) -> 
     """Page tables for rows ``0..len(lengths)-1``, row ``r`` being slot ``r`` with ``lengths[r]`` tokens to
     attend (its KV including the token this step writes). A length below 1 is read as 1 (a padding row of
     a batch bucket attends to its own first position: finite garbage nobody reads)."""
-    lengths = [max(1, int(n)) for n in lengths]
-    if any(n > page_size * pages_per_slot for n in lengths):
-        raise ValueError(f"a row of {max(lengths)} tokens does not fit {pages_per_slot} pages of {page_size}")
-    counts = [-(-n // page_size) for n in lengths]
-    indices = [s * pages_per_slot + p for s, c in enumerate(counts) for p in range(c)]
-    indptr = [0]
-    for c in counts:
-        indptr.append(indptr[-1] + c)
-    last = [n - (c - 1) * page_size for n, c in zip(lengths, counts)]
-    as_i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
-    return PageTables(as_i32(indptr), as_i32(indices), as_i32(last), lengths)
+    n = np.maximum(np.asarray(lengths, dtype=np.int64), 1)
+    if n.size and int(n.max()) > page_size * pages_per_slot:
+        raise ValueError(f"a row of {int(n.max())} tokens does not fit {pages_per_slot} pages of {page_size}")
+    counts = -(-n // page_size)
+    # runs once per decode step before the graph replays: array ops, no Python loop per page (slot r's pages
+    # are always r * pages_per_slot + 0..counts[r]-1)
+    page = np.arange(pages_per_slot)
+    indices = (np.arange(len(n))[:, None] * pages_per_slot + page)[page < counts[:, None]]
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    last = n - (counts - 1) * page_size
+    as_i32 = lambda a: torch.from_numpy(a.astype(np.int32))  # noqa: E731
+    return PageTables(as_i32(indptr), as_i32(indices), as_i32(last), n.tolist())
 
 
 class PagedDecode(Protocol):

@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 import torch
 
+from omni_rt.backends.snac_codec import CODEBOOK_SIZE, CODES_PER_FRAME, ORPHEUS_CODE_OFFSET
+
 log = logging.getLogger(__name__)
 
 Size = Literal["full", "tiny"]
@@ -37,9 +39,7 @@ QWEN25_7B_INSTRUCT = dict(  # Qwen/Qwen2.5-7B-Instruct
     bos_token_id=151643, eos_token_id=151645, use_sliding_window=False, sliding_window=131072,
     max_window_layers=28,
 )
-ORPHEUS_CODE_OFFSET = 128266  # = omni_rt.backends.snac_codec.ORPHEUS_CODE_OFFSET (not imported: snac is optional)
-ORPHEUS_CODES = 7 * 4096
-CODEC_LM_CODES_END = ORPHEUS_CODE_OFFSET + ORPHEUS_CODES  # 156938
+CODEC_LM_CODES_END = ORPHEUS_CODE_OFFSET + CODES_PER_FRAME * CODEBOOK_SIZE  # 156938
 ORPHEUS_3B = dict(  # canopylabs/orpheus-3b-0.1-ft: Llama-3.2-3B + 10 specials (128257..) + 7 x 4096 SNAC codes
     arch="llama",
     hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
@@ -72,11 +72,10 @@ _TINY_WHISPER = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_att
 # output rows a stage can use are scaled by this: random logits then pick them (x100 as tests/test_gpu_preset_paths)
 FAVOUR = 100.0
 
-# factories whose stages take ``random_init`` (the SNAC vocoder's has no ``random_size``); any other factory with
-# an explicit ``random_init`` parameter is given it too (e.g. a stage added to the preset later)
+# factories whose random weights need a known model and backend; any other factory with an explicit
+# ``random_init`` parameter (the SNAC vocoder's, a stage added to the preset later) takes it as it is
 LM_FACTORIES = ("omni_rt.engine.factory:create_ar_scheduler",)
 ASR_FACTORY = "omni_rt.stages.asr:create_asr_stage"
-VOCODER_FACTORY = "omni_rt.stages.vocoder:create_snac_vocoder"
 
 
 def model_config(model_id: str, size: Size = "full") -> dict[str, Any]:
@@ -172,13 +171,11 @@ def build_whisper(model_id: str, *, dtype: torch.dtype = torch.float32, device: 
 def supports_random_init(factory: str, args: dict[str, Any]) -> bool:
     """Whether a stage built by ``factory`` with ``args`` can run on random weights (by factory, never by name)."""
     factory = _canonical(factory)
-    if factory == VOCODER_FACTORY:
-        return True
     if factory in LM_FACTORIES:
         return args.get("backend", "torch") == "torch" and args.get("model") in CONFIGS
     if factory == ASR_FACTORY:
         return args.get("backend") == "transformers" and args.get("model") in CONFIGS
-    return "random_init" in _explicit_params(factory)  # any other factory that names the argument takes it
+    return "random_init" in explicit_params(factory)  # any other factory that names the argument takes it
 
 
 def _canonical(factory: str) -> str:
@@ -189,7 +186,7 @@ def _canonical(factory: str) -> str:
     return f"{module}:{attr}"
 
 
-def _explicit_params(factory: str) -> set[str]:
+def explicit_params(factory: str) -> set[str]:
     """The named parameters of ``factory`` (not ``**kwargs``: passing an unknown key through would fail later)."""
     import inspect
 
@@ -211,8 +208,7 @@ def apply_random_weights(config: Any, size: Size = "full") -> list[str]:
             log.info("stage '%s' keeps its weights: random_init unsupported for %s", st.name, st.factory)
             continue
         st.args["random_init"] = True
-        factory = _canonical(st.factory)
-        if factory in LM_FACTORIES or factory == ASR_FACTORY or "random_size" in _explicit_params(factory):
+        if "random_size" in explicit_params(st.factory):
             st.args["random_size"] = size
         changed.append(st.name)
     return changed
@@ -221,12 +217,7 @@ def apply_random_weights(config: Any, size: Size = "full") -> list[str]:
 def decode_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes a decode step must read: every parameter once, except an input embedding table that is not also
     the output layer (a step gathers only its batch's rows from it)."""
-    seen: set[int] = set()
-    total = 0
-    for p in model.parameters():
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
+    total = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied head is one parameter
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     if emb.data_ptr() != head.data_ptr():
         total -= emb.numel() * emb.element_size()

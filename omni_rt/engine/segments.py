@@ -15,20 +15,19 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni_rt.core.streaming_scheduler import StreamState
+
 SEGMENT_SEP = "/seg"  # inner ids are f"{owner}{SEGMENT_SEP}{n}": never a client-visible id
 MAX_QUEUED_SEGMENTS = 256  # per request: a runaway upstream fails its own request, not the stage
 
 
 @dataclass
-class Streamed:
+class Streamed(StreamState):
     """One request fed by a stream: prompts waiting, the one running, what the result reports."""
 
     queue: deque[dict[str, Any]] = field(default_factory=deque)
     running: str | None = None
     count: int = 0
-    payload: Any = None
-    has_payload: bool = False
-    done_sources: set[str] = field(default_factory=set)
     tokens: int = 0
 
 
@@ -65,20 +64,16 @@ class SegmentedRequests:
         self.owner[inner] = owner
         return inner, st.queue.popleft()
 
-    def segment_done(self, inner: str, completion_tokens: int) -> str | None:
-        """A segment finished; returns its owner (None when the owner is gone: aborted)."""
-        owner = self.owner.pop(inner, None)
-        st = self.open.get(owner) if owner is not None else None
-        if st is None:
-            return None
+    def segment_done(self, inner: str, completion_tokens: int) -> None:
+        """A segment finished (its owner is open: an orphan's result never gets here)."""
+        st = self.open[self.owner.pop(inner)]
         st.running = None
         st.tokens += completion_tokens
-        return owner
 
     def complete(self, owner: str, sources: set[str]) -> dict[str, Any] | None:
         """The owner's result once it has its payload, every source is done and no prompt is left; else None."""
         st = self.open.get(owner)
-        if st is None or not st.has_payload or not sources <= st.done_sources or st.running is not None or st.queue:
+        if st is None or not st.inputs_complete(sources) or st.running is not None or st.queue:
             return None
         del self.open[owner]
         payload = st.payload if isinstance(st.payload, dict) else {"text": str(st.payload)}

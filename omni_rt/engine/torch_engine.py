@@ -132,7 +132,7 @@ class TorchEngine:
             if attention != "auto" and context_buckets is not None:
                 raise ValueError(f"context_buckets do not apply to attention={attention!r}: a paged decode step "
                                  "reads each row's own pages")
-            self.paged = self._paged_reader(attention, model, sdpa_like, heads, kv_heads, head_dim, cuda_graphs)
+            self.paged = self._paged_reader(attention, model, cfg, attn, heads, kv_heads, head_dim, cuda_graphs)
         # decode via the reader, prefill packed GQA
         if self.paged is not None and not switch_attention(model, PAGED_DECODE, paged_decode_attention):
             if attention != "auto":
@@ -169,17 +169,15 @@ class TorchEngine:
         self.context_buckets = [self.max_seq_len] if self.paged else self._context_buckets(context_buckets)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch bucket, context bucket)
         self._graph_out: torch.Tensor | None = None  # [max_batch_size, V]: every graph writes its logits here
-        self.capture_s = 0.0
         if self.static_kv and on_gpu and cuda_graphs and (self.paged is None or self.paged.graphable):
             self._capture_graphs()
 
-    def _paged_reader(self, attention: str, model, sdpa_like: bool, heads: int, kv_heads: int, head_dim: int,
+    def _paged_reader(self, attention: str, model, cfg, attn: str, heads: int, kv_heads: int, head_dim: int,
                       cuda_graphs: bool) -> PagedDecode | None:
         """The paged decode reader ``attention`` asks for; None where ``"auto"`` finds no working FlashInfer
         (not CUDA, not installed, or its kernels fail to build or run: then the warning says why)."""
-        attn = model.config._attn_implementation
-        problem = _paged_unsupported(model.config.get_text_config() if hasattr(model.config, "get_text_config")
-                                     else model.config)
+        sdpa_like = attn in SDPA_FAMILY
+        problem = _paged_unsupported(cfg)
         if attention == "paged_sdpa":
             if problem is None and not sdpa_like:
                 problem = f"needs an SDPA model, not {attn!r}"
@@ -303,10 +301,9 @@ class TorchEngine:
         except Exception as exc:  # a model whose forward cannot be captured still serves, eagerly
             log.warning("CUDA graph capture failed (%s: %s); decoding eagerly", type(exc).__name__, exc)
             self.graphs.clear()
-        self.capture_s = time.perf_counter() - t0
         if self.graphs:
             log.info("captured %d decode graphs (%d batch x %d context buckets) in %.1f s",
-                     len(self.graphs), len(self._buckets()), len(self.context_buckets), self.capture_s)
+                     len(self.graphs), len(self._buckets()), len(self.context_buckets), time.perf_counter() - t0)
         self.kv.k.zero_()
         self.kv.v.zero_()
 

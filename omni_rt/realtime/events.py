@@ -38,7 +38,11 @@ def new_id(prefix: str) -> str:
 
 
 def json_depth_exceeds(raw: str, limit: int) -> bool:
-    """True when brackets outside strings nest deeper than ``limit`` (a linear scan, no recursion)."""
+    """True when brackets outside strings nest deeper than ``limit`` (a linear scan, no recursion). Fewer
+    brackets in all than ``limit`` cannot nest deeper: ``str.count`` runs in C, so the per-character scan runs
+    only for a message with enough brackets to be deep (an audio append, the most frequent, has two)."""
+    if raw.count("[") + raw.count("{") <= limit:
+        return False
     depth = 0
     in_string = escaped = False
     for ch in raw:
@@ -84,9 +88,7 @@ def parse_client_message(raw: str | bytes) -> dict[str, Any]:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ProtocolError("invalid_json", f"message is not UTF-8: {exc}") from None
-    # str.count runs in C; the Python scan runs only for a message with enough brackets to be deep (an audio
-    # append, the most frequent message, has two)
-    if raw.count("[") + raw.count("{") > MAX_JSON_DEPTH and json_depth_exceeds(raw, MAX_JSON_DEPTH):
+    if json_depth_exceeds(raw, MAX_JSON_DEPTH):
         raise ProtocolError("invalid_json", f"message nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         event = json.loads(raw)

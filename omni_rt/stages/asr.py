@@ -158,8 +158,8 @@ class AsrSessionScheduler(SessionScheduler):
         self._jobs: dict[str, deque] = {}  # session -> (tag, seq, job) waiting for the worker
         self._tags: dict[str, float] = {}  # session -> virtual start time of its next job (fair queuing)
         self._vclock = 0.0
-        self._decoding: set[str] = set()  # sessions whose decode the worker is running (results not yet back)
-        self._batch_left = 0  # results of the running batch not yet handled: the worker is busy while > 0
+        # sessions whose decode the worker is running (results not yet back): the worker is busy while any is
+        self._decoding: set[str] = set()
         self._seq = 0  # arrival order, breaks tag ties
 
     def stats(self) -> dict[str, float]:
@@ -181,7 +181,6 @@ class AsrSessionScheduler(SessionScheduler):
         data = msg.data if msg.type == "new_request" else None
         op = data.get("op") if isinstance(data, dict) else None
         if op == "_decoded":
-            self._batch_left -= 1
             self._decoding.discard(msg.request_id)
         if op in ("_decoded", "_scored") and msg.request_id not in self.sessions:
             if op == "_decoded":
@@ -206,7 +205,7 @@ class AsrSessionScheduler(SessionScheduler):
         smallest tags run next (one job each, up to ``max_batch``) and the clock moves to the largest tag
         taken. A session that just had a decode waits behind one that has not, and a session arriving with
         nothing queued starts at the clock (no credit saved up, no debt carried)."""
-        if self._batch_left > 0 or self._decoder is None or not self._jobs:
+        if self._decoding or self._decoder is None or not self._jobs:
             return
         heads = sorted(self._jobs, key=lambda k: self._jobs[k][0][:2])[: self.max_batch]
         batch: list[_DecodeJob] = []
@@ -218,7 +217,6 @@ class AsrSessionScheduler(SessionScheduler):
             self._vclock = max(self._vclock, tag)
             batch.append(job)
         self._decoding = set(heads)
-        self._batch_left = len(batch)
         if len(batch) > 1:
             self.counters["decode_batches"] += 1
             self.counters["batched_decodes"] += len(batch)
@@ -252,8 +250,7 @@ class AsrSessionScheduler(SessionScheduler):
             text = by_job.get(id(job), "").strip()
             err = error if error is not None and not job.meta.get("stale") else None
             self.inbox.put(IncomingMessage(job.session_id, "new_request", {
-                "op": "_decoded", "kind": job.kind, "text": text, "error": err, "asr_ms": asr_ms,
-                "batch": len(live), **job.meta}))
+                "op": "_decoded", "kind": job.kind, "text": text, "error": err, "asr_ms": asr_ms, **job.meta}))
 
     def turn_model(self) -> Any:
         """The Smart Turn model, loaded once; a missing model is a clear error naming the package and file."""

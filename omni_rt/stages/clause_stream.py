@@ -47,7 +47,6 @@ class ClauseStreamScheduler(StreamingSimpleScheduler):
         self._clauses(request_id, state, self._splitter(state).flush())
 
     def on_complete(self, request_id: str, state: StreamState) -> None:
-        self._splitter(state)
         payload = state.payload if isinstance(state.payload, dict) else {"text": str(state.payload)}
         self.emit(request_id, "result", {**{k: v for k, v in payload.items() if k != "token_ids"},
-                                         "spoken_clauses": state.user["spoken"], **self.result_extra(state)})
+                                         "spoken_clauses": state.user.get("spoken", []), **self.result_extra(state)})

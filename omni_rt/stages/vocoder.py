@@ -78,7 +78,6 @@ class SnacVocoderScheduler(StreamingSimpleScheduler):
     def __init__(
         self,
         model: Any,
-        device: str = "cpu",
         window_frames: int | None = None,
         max_batch_streams: int = 64,
         max_step_frames: int = 8,
@@ -86,8 +85,7 @@ class SnacVocoderScheduler(StreamingSimpleScheduler):
         super().__init__(name="vocoder")
         if max_batch_streams < 1 or max_step_frames < 1:
             raise ValueError(f"max_batch_streams and max_step_frames must be >= 1; got {max_batch_streams}, {max_step_frames}")
-        self.model = model
-        self.device = device
+        self.model = model  # decoding runs where its weights are
         self.window_frames = window_frames
         # streams beyond this wait for the next step (oldest first): bounds one step's activation memory
         self.max_batch_streams = max_batch_streams
@@ -110,7 +108,7 @@ class SnacVocoderScheduler(StreamingSimpleScheduler):
         dec = state.user.get("decoder")
         if dec is None:
             kwargs = {} if self.window_frames is None else {"window_frames": self.window_frames}
-            dec = state.user["decoder"] = SnacStreamingDecoder(self.model, device=self.device, **kwargs)
+            dec = state.user["decoder"] = SnacStreamingDecoder(self.model, **kwargs)
         return dec
 
     def _emit_audio(self, request_id: str, state: StreamState, audio: np.ndarray) -> None:
@@ -121,11 +119,11 @@ class SnacVocoderScheduler(StreamingSimpleScheduler):
     # ---- inputs ------------------------------------------------------------------------------------
     def _push_frames(self, request_id: str, state: StreamState, frames: np.ndarray) -> None:
         """The one entry point for a request's arriving frames ([n, 7] SNAC codes): queued for the next step."""
-        frames = np.asarray(frames, dtype=np.int64)
+        frames = np.atleast_2d(np.asarray(frames, dtype=np.int64))
         if not frames.size:
             return
-        state.user["frames"] = state.user.get("frames", 0) + (len(frames) if frames.ndim == 2 else 1)
-        self._decoder(state).add(frames.reshape(1, -1) if frames.ndim == 1 else frames)  # add checks [n, 7]
+        state.user["frames"] = state.user.get("frames", 0) + len(frames)
+        self._decoder(state).add(frames)  # add checks [n, 7]
         self._ready.setdefault(request_id, state)
 
     def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
@@ -203,8 +201,6 @@ class SnacVocoderScheduler(StreamingSimpleScheduler):
             self._decoder(state).commit(window, audio)
             self._emit_audio(rid, state, audio)
         for rid, state in taken:
-            if rid not in self._ready:
-                continue  # failed above
             del self._ready[rid]
             if self._decoder(state).backlog:
                 self._ready[rid] = state  # more frames: back of the line
@@ -242,5 +238,5 @@ def create_snac_vocoder(
         raise ValueError("stage 'vocoder' field 'model': give a local SNAC 24 kHz directory or random_init: true")
     else:
         snac = load_snac(model, device=device)
-    return SnacVocoderScheduler(snac.to(torch_dtype), device=device, max_batch_streams=max_batch_streams,
+    return SnacVocoderScheduler(snac.to(torch_dtype), max_batch_streams=max_batch_streams,
                                 max_step_frames=max_step_frames)
