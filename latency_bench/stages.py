@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from latency_bench import report
-from omni_rt.stages.contracts import Clause, SpeechStopped, TranscriptFinal
+from omni_rt.contracts.turn_detection import parse_turn_detection
+from omni_rt.contracts.payloads import Clause, SpeechStopped, TranscriptFinal
 
 UTTERANCE = "What is the capital of France, and what is it famous for?"
 FOLLOW_UP = "And how many people live there?"
@@ -67,7 +68,7 @@ def measure_asr(asr_args: dict[str, Any], audio16: np.ndarray, repeats: int) -> 
             for r in range(repeats):
                 sid = f"bench-{label}-{r}"
                 sched.inbox.put(IncomingMessage(sid, "new_request", {"op": "open", "params": {
-                    "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}, "partials": False}}))
+                    "turn_detection": parse_turn_detection({"type": "server_vad", "silence_duration_ms": 500}), "partials": False}}))
                 t_stop = got = None
                 t_start = time.perf_counter()
                 for k, i in enumerate(range(0, len(stream), step)):

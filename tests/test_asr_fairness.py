@@ -68,7 +68,7 @@ def events(s, until, timeout: float = 120.0) -> list[tuple[float, str, dict]]:
             msg = s.outbox.get(timeout=left)
         except queue.Empty:
             continue
-        if msg.type == "event":  # a typed AsrEvent (omni_rt.stages.contracts), read here as a dict
+        if msg.type == "event":  # a typed AsrEvent (omni_rt.contracts.payloads), read here as a dict
             out.append((time.perf_counter(), msg.request_id, {"type": type(msg.data).__name__, **asdict(msg.data)}))
         elif msg.type == "error":
             out.append((time.perf_counter(), msg.request_id, {"type": "error", "code": msg.metadata.get("code"),

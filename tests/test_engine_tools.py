@@ -21,7 +21,7 @@ from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.openai_compat_server import ServerThread, create_app
 from omni_rt.engine.testing import build_tiny_model, collect, send, wait_until
 from omni_rt.engine.tools import ToolCallParser, detect_format, parse_tool_choice, render_prompt, validate_tools
-from omni_rt.stages.contracts import ToolCallDelta, ToolCallDone, text_of
+from omni_rt.contracts.payloads import ToolCallDelta, ToolCallDone, text_of
 
 WEATHER = {
     "type": "function",

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from omni_rt.presets import PRESET_DIR, load_preset
-from omni_rt.stages.contracts import SpeechPrompt, TranscriptFinal
+from omni_rt.contracts.payloads import SpeechPrompt, TranscriptFinal
 from omni_rt.core.config import PipelineConfig
 from omni_rt.core.coordinator import Coordinator, ResultItem, StreamItem
 
@@ -138,7 +138,7 @@ def test_clause_budget_covers_slow_speech():
 
 def test_speech_prompts_are_orpheus_prompts_with_start_tokens(tiny_models):
     from omni_rt.core.messages import IncomingMessage
-    from omni_rt.stages.contracts import SpeechPrompt, TextDelta
+    from omni_rt.contracts.payloads import SpeechPrompt, TextDelta
     from omni_rt.stages.speech_prompts import (END_OF_HUMAN, END_OF_SPEECH, START_OF_AI, START_OF_HUMAN, START_OF_SPEECH,
                                                clause_token_budget, create_speech_prompts)
 
@@ -214,7 +214,7 @@ def test_codec_lm_runs_a_responses_prompts_in_order(tiny_models):
     segment, the payload's keys kept; abort mid-stream and a bad chunk each end only their own response."""
     from omni_rt.core.messages import IncomingMessage
     from omni_rt.engine.factory import create_ar_scheduler
-    from omni_rt.stages.contracts import TokenDelta
+    from omni_rt.contracts.payloads import TokenDelta
 
     sched = create_ar_scheduler(str(tiny_models / "talker"), dtype="float32", max_batch_size=4, name="codec_lm",
                                 prefix_reuse=False)

@@ -127,7 +127,7 @@ async def test_gpu_preset_on_random_weights_end_to_end(speech_samples):
     from omni_rt.audio.pcm import resample
     from omni_rt.core.config import import_string
     from omni_rt.core.coordinator import Coordinator, ResultItem, StreamItem
-    from omni_rt.stages.contracts import TranscriptFinal
+    from omni_rt.contracts.payloads import TranscriptFinal
 
     cfg = load_preset("gpu")
     assert len(apply_random_weights(cfg, "tiny")) == len(cfg.stages)  # ASR, thinker, talker, codec LM, vocoder

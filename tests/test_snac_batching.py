@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from omni_rt.core.messages import IncomingMessage
-from omni_rt.stages.contracts import CodecFrames
+from omni_rt.contracts.payloads import CodecFrames
 
 # small_snac: tests/conftest.py
 

@@ -22,12 +22,14 @@ from omni_rt.audio.pcm import resample
 from omni_rt.core.messages import IncomingMessage
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.session_config import SessionConfig
-from omni_rt.stages import contracts as c
-from omni_rt.session import turn_detection as tdm
+from omni_rt.contracts import payloads as c
+from omni_rt.contracts import turn_detection as tdm
 
 COMPLETE = "What is the capital of France?"
 HESITANT = ("Can you set a timer for, um,", "ten minutes?")
 SR = 16000
+SERVER_VAD_WIRE = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
+                   "create_response": True, "interrupt_response": True}  # the GA defaults, as session.updated echoes them
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +69,7 @@ def asr_stage(turn_model):
     sched.stop()
 
 
-# the stage's typed events (omni_rt.stages.contracts) as dicts with a short name, to keep the checks terse
+# the stage's typed events (omni_rt.contracts.payloads) as dicts with a short name, to keep the checks terse
 EVENT_NAMES = {c.SpeechStarted: "speech_started", c.SpeechStopped: "speech_stopped", c.Committed: "committed",
                c.Cleared: "cleared", c.TranscriptPartial: "transcript.delta", c.TranscriptSpeculative: "transcript.speculative",
                c.SpeculationCancelled: "speculative.cancelled", c.TranscriptFinal: "transcript.final",
@@ -99,7 +101,7 @@ def run_stream(sched: Any, sid: str, td: dict[str, Any] | None, audio: np.ndarra
             if msg.type == "event":
                 events.append(as_dict(msg.data))
 
-    sched.inbox.put(IncomingMessage(sid, "new_request", {"op": "open", "params": {"turn_detection": td, "partials": False}}))
+    sched.inbox.put(IncomingMessage(sid, "new_request", {"op": "open", "params": {"turn_detection": tdm.parse_turn_detection(td), "partials": False}}))
     step = SR // 50
     t0 = time.perf_counter()
     for i, start in enumerate(range(0, audio.size, step)):
@@ -161,8 +163,8 @@ def test_missing_turn_model_is_a_clear_session_error() -> None:
     sched._new_vad = lambda td: None  # type: ignore[method-assign]  # no audio flows in this test
     sched.start()
     try:
-        sched.inbox.put(IncomingMessage("s", "new_request", {"op": "open", "params": {"turn_detection": {
-            "type": "semantic_vad", "eagerness": "auto"}}}))
+        sched.inbox.put(IncomingMessage("s", "new_request", {"op": "open", "params": {"turn_detection": tdm.parse_turn_detection({
+            "type": "semantic_vad", "eagerness": "auto"})}}))
         msg = sched.outbox.get(timeout=10)
         assert msg.type == "error" and msg.metadata["code"] == "turn_model_unavailable", msg
         assert "pipecat-ai" in msg.data and "Smart Turn" in msg.data
@@ -177,21 +179,23 @@ def test_missing_turn_model_is_a_clear_session_error() -> None:
 def test_semantic_vad_config_defaults_and_echo() -> None:
     cfg = SessionConfig()
     cfg.update({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}})
-    assert cfg.turn_detection == {"type": "semantic_vad", "create_response": True, "interrupt_response": True, "eagerness": "auto"}
-    assert cfg.asr_params()["turn_detection"] == {"type": "semantic_vad", "eagerness": "auto"}
-    from omni_rt.session.turn_detection import TurnDetection
+    assert cfg.turn_detection.to_wire() == {"type": "semantic_vad", "create_response": True, "interrupt_response": True,
+                                            "eagerness": "auto"}
+    assert cfg.asr_params()["turn_detection"] is cfg.turn_detection  # parsed once, the same value reaches the stage
+    from omni_rt.contracts.turn_detection import TurnDetection
 
     for eagerness, (thr, max_ms) in (("low", (0.7, 8000)), ("medium", (0.5, 4000)), ("high", (0.3, 2000)), ("auto", (0.5, 4000))):
-        td = TurnDetection.from_params({"turn_detection": {"type": "semantic_vad", "eagerness": eagerness}})
+        td = TurnDetection.from_config(tdm.parse_turn_detection({"type": "semantic_vad", "eagerness": eagerness}))
         assert td.semantic is not None and td.semantic.complete_threshold == thr and td.silence_duration_ms == max_ms
         sem = td.semantic
         assert sem.end_silence_ms(0.99) < sem.end_silence_ms(thr) < sem.end_silence_ms(thr - 0.01) == max_ms
         assert sem.end_silence_ms(None) == max_ms
     # server_vad keeps its exact shape; idle_timeout_ms appears only when asked for
     cfg.update({"audio": {"input": {"turn_detection": {"type": "server_vad"}}}})
-    assert cfg.turn_detection == tdm.SERVER_VAD_DEFAULTS
+    assert cfg.turn_detection.to_wire() == SERVER_VAD_WIRE
     cfg.update({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 6000}}}})
-    assert cfg.turn_detection["idle_timeout_ms"] == 6000 and cfg.asr_params()["turn_detection"]["idle_timeout_ms"] == 6000
+    assert cfg.turn_detection.to_wire()["idle_timeout_ms"] == 6000
+    assert TurnDetection.from_config(cfg.asr_params()["turn_detection"]).idle_timeout_ms == 6000
 
 
 @pytest.mark.parametrize("td, param", [
@@ -211,7 +215,7 @@ def test_turn_detection_bad_values_name_the_field(td: dict[str, Any], param: str
         cfg.update({"audio": {"input": {"turn_detection": td}}})
     assert info.value.param == f"session.audio.input.turn_detection.{param}", info.value.param
     assert param in info.value.message
-    assert cfg.turn_detection == tdm.SERVER_VAD_DEFAULTS  # nothing applied
+    assert cfg.turn_detection.to_wire() == SERVER_VAD_WIRE  # nothing applied
 
 
 # ---------------------------------------------------------------- semantic_vad on the real ASR stage

@@ -11,7 +11,7 @@ Message contract (every backend: built-in ``ARScheduler``, ``RemoteScheduler``, 
   (``omni_rt.engine.tools``): ``tools`` (Realtime flat function tools), ``tool_choice`` (auto | none | required |
   {"type": "function", "name"}; forced ones decode under a JSON-schema grammar), ``parallel_tool_calls``, and
   OpenAI chat tool messages (assistant ``tool_calls``, role ``tool``).
-- ``stream`` out (``omni_rt.stages.contracts``): ``TextDelta(text, token_ids)`` as tokens are produced (text
+- ``stream`` out (``omni_rt.contracts.payloads``): ``TextDelta(text, token_ids)`` as tokens are produced (text
   never splits a character nor leaks the start of a stop string; with an answer policy, exactly what will be
   spoken). A tool call streams as ``ToolCallDelta(index, call_id, name, arguments_delta)`` and, once its
   arguments are whole, ``ToolCallDone(index, call_id, name, arguments)``; its text never reaches a ``TextDelta``.

@@ -53,7 +53,7 @@ from omni_rt.engine.segments import SegmentedRequests
 from omni_rt.engine.sequence import Sequence
 from omni_rt.engine.tools import ToolStream, detect_format, render_prompt
 from omni_rt.engine.torch_engine import PrefillItem, TorchEngine
-from omni_rt.stages.contracts import SpeechPrompt, TextDelta, TokenDelta
+from omni_rt.contracts.payloads import SpeechPrompt, TextDelta, TokenDelta
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from omni_rt.engine.answer_policy import AnswerPolicy
 from omni_rt.engine.language import check_languages, steer_messages
 from omni_rt.engine.request import GenRequest, parse_answer_policy, parse_request, parse_sampling, result_payload
 from omni_rt.engine.tools import ToolStream, UpstreamToolCalls, detect_format, render_prompt
-from omni_rt.stages.contracts import TextDelta
+from omni_rt.contracts.payloads import TextDelta
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from omni_rt.core.messages import IncomingMessage, OutgoingMessage
-from omni_rt.stages.contracts import ToolCallDelta, ToolCallDone, text_of
+from omni_rt.contracts.payloads import ToolCallDelta, ToolCallDone, text_of
 
 
 class _Bridge:

@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omni_rt.stages.contracts import TextDelta, ToolCallDelta, ToolCallDone
+from omni_rt.contracts.payloads import TextDelta, ToolCallDelta, ToolCallDone
 
 ToolFormat = Literal["hermes", "llama3", "own"]
 ToolChoice = str | dict[str, str]  # "auto" | "none" | "required" | {"type": "function", "name": str}

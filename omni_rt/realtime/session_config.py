@@ -13,7 +13,8 @@ from typing import Any
 
 from omni_rt.audio.formats import FORMAT_RATES, parse_audio_format
 from omni_rt.realtime.errors import ProtocolError
-from omni_rt.session import turn_detection
+from omni_rt.contracts import turn_detection
+from omni_rt.contracts.turn_detection import TurnDetectionConfig
 
 
 MAX_INSTRUCTIONS_CHARS = 32 * 1024
@@ -55,7 +56,7 @@ class SessionConfig:
     output_modalities: list[str] = field(default_factory=lambda: ["audio"])
     input_format: str = "audio/pcm"
     output_format: str = "audio/pcm"
-    turn_detection: dict[str, Any] | None = field(default_factory=lambda: dict(turn_detection.SERVER_VAD_DEFAULTS))
+    turn_detection: TurnDetectionConfig | None = turn_detection.SERVER_VAD
     transcription: dict[str, Any] | None = None
     voice: str = "default"
     voices: tuple[str, ...] = ("default",)  # what the preset's talker can speak
@@ -72,7 +73,7 @@ class SessionConfig:
     def render(self, session_id: str) -> dict[str, Any]:
         audio_in = {
             "format": format_object(self.input_format),
-            "turn_detection": dict(self.turn_detection) if self.turn_detection else None,
+            "turn_detection": self.turn_detection.to_wire() if self.turn_detection else None,
             "transcription": dict(self.transcription) if self.transcription else None,
             "noise_reduction": None,
         }
@@ -199,12 +200,12 @@ class SessionConfig:
         return voice if voice in self.voices else self.voices[0]
 
     @staticmethod
-    def _parse_turn_detection(td: Any) -> dict[str, Any] | None:
-        try:  # omni_rt.session.turn_detection owns the fields, defaults and eagerness
+    def _parse_turn_detection(td: Any) -> TurnDetectionConfig | None:
+        try:  # omni_rt.contracts.turn_detection owns the fields, defaults and eagerness
             return turn_detection.parse_turn_detection(td)
         except turn_detection.TurnDetectionError as exc:
             raise ProtocolError(exc.code, exc.message, exc.param) from exc
 
     def asr_params(self) -> dict[str, Any]:
         """What the audio-in stage needs to know of this config."""
-        return {"turn_detection": turn_detection.asr_turn_params(self.turn_detection), "partials": self.transcription is not None}
+        return {"turn_detection": self.turn_detection, "partials": self.transcription is not None}

@@ -2,7 +2,7 @@
 events and pipeline commands out.
 
 Inputs: ``receive_message`` (a raw client message), ``receive_event`` (an already parsed one, e.g. from the
-Twilio bridge), ``receive_asr`` (audio-in stage events, ``omni_rt.stages.contracts``; in ``turn_taking``),
+Twilio bridge), ``receive_asr`` (audio-in stage events, ``omni_rt.contracts.payloads``; in ``turn_taking``),
 ``receive_output`` / ``receive_result`` / ``receive_failure`` (a response's stream chunks by role, its end; in
 ``responses``). Outputs: ``events_to_send()`` (server events, in order), ``commands()``
 (``omni_rt.session.commands``) and ``observations()`` (timings for metrics). Client-event handlers live in

@@ -21,7 +21,7 @@ from omni_rt.session.conversation import Conversation, Item
 from omni_rt.session.held_answers import HeldAnswers
 from omni_rt.session.response import Response, ResponseState
 from omni_rt.session.tool_call_items import ToolCallItems
-from omni_rt.stages import contracts as c
+from omni_rt.contracts import payloads as c
 
 
 class ResponseLifecycle(HeldAnswers, ToolCallItems):
@@ -190,6 +190,6 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
                 self.send({"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(call),
                            "item": call.render()})
         self.send({"type": "response.done", "response": resp.render(self.id)})
-        if (self.config.turn_detection or {}).get("idle_timeout_ms"):  # the idle clock restarts after its playback
+        if self.config.turn_detection is not None and self.config.turn_detection.idle_timeout_ms:  # the idle clock restarts after its playback
             self._commands.append(cmd.ControlAudioIn("response_done", {"audio_ms": resp.item.audio_ms}))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from omni_rt.realtime.events import new_id
 from omni_rt.session.conversation import Item
 from omni_rt.session.response import Response, ResponseState
-from omni_rt.stages import contracts as c
+from omni_rt.contracts import payloads as c
 
 
 class ToolCallItems:

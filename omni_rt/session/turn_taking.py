@@ -9,20 +9,20 @@ import time
 
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.session.conversation import Item
-from omni_rt.stages import contracts as c
+from omni_rt.contracts import payloads as c
 
 
 class TurnTaking:
     def receive_asr(self, ev: c.AsrEvent) -> None:
         if self.closed:
             return
-        td = self.config.turn_detection or {}
+        td = self.config.turn_detection
         if isinstance(ev, c.SpeechStarted):
             for turn in self.turns.held():
                 self._discard_held(turn)
             turn = self.turns.get(ev.turn)
             self.send({"type": "input_audio_buffer.speech_started", "audio_start_ms": int(ev.audio_start_ms), "item_id": turn.item_id})
-            if td.get("interrupt_response", True):
+            if td is None or td.interrupt_response:
                 self.cancel_active("turn_detected")  # drops its queued audio, also what was queued before
         elif isinstance(ev, c.SpeechStopped):
             turn = self.turns.get(ev.turn)
@@ -78,10 +78,10 @@ class TurnTaking:
                        "content_index": 0, "delta": delta})
 
     def _on_speculative(self, ev: c.TranscriptSpeculative) -> None:
-        td = self.config.turn_detection or {}
+        td = self.config.turn_detection
         text = ev.text.strip()
         turn = self.turns.get(ev.turn)
-        if (td.get("create_response", True) and text and turn.held is None and self.options.speculative_responses
+        if ((td is None or td.create_response) and text and turn.held is None and self.options.speculative_responses
                 and self.config.session_type == "realtime"):
             turn.held = self._start_response(self.config, held_user_text=text)
 
@@ -102,7 +102,7 @@ class TurnTaking:
                        "transcript": text, "usage": {"type": "duration", "seconds": round(ev.audio_ms / 1000, 3)}})
         self.send({"type": "conversation.item.done", "previous_item_id": self.conversation.previous_id(item.id), "item": item.render()})
         td = self.config.turn_detection
-        wants_answer = (td is not None and td.get("create_response", True) and self.config.session_type == "realtime"
+        wants_answer = (td is not None and td.create_response and self.config.session_type == "realtime"
                         and (text.strip() or ev.trigger == "timeout")  # an idle timeout's turn is answered though silent
                         and not self.turns.superseded(ev.turn))
         if not wants_answer:

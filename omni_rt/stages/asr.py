@@ -11,7 +11,7 @@ late ``speech_stopped`` is latency too) while a decode is in flight. Finished de
 inbox as ``_decoded`` ops, so all per-session state is still touched by one thread only. An ``epoch`` per
 session tells a decode that is still valid from one made stale by new speech.
 
-``semantic_vad`` (numbers in ``omni_rt.session.turn_detection``): at each pause of ``SCORE_AFTER_MS`` the
+``semantic_vad`` (numbers in ``omni_rt.contracts.turn_detection``): at each pause of ``SCORE_AFTER_MS`` the
 Smart Turn model scores the turn so far on its own worker thread (~110 ms on one idle core) while the
 speculative Whisper decode of the same audio starts on the decode worker. The transcript is announced
 (``transcript.speculative``, which starts the held answer) only once the verdict says the turn's end is near
@@ -37,7 +37,7 @@ turns by number, never by arrival.
 
 Session ops (``new_request`` data ``op``): ``open`` (params below), ``update`` (new params), ``commit``
 (end the turn now: manual turn taking), ``clear`` (drop buffered audio), ``response_done``. Appends are float32
-16 kHz arrays. Events out (``omni_rt.stages.contracts``, each tagged with its turn number): ``SpeechStarted``,
+16 kHz arrays. Events out (``omni_rt.contracts.payloads``, each tagged with its turn number): ``SpeechStarted``,
 ``SpeechStopped``, ``Committed``, ``Cleared``, ``TranscriptPartial``, ``TranscriptSpeculative``,
 ``SpeculationCancelled``, ``TranscriptFinal``, ``TurnScored``, ``TimeoutTriggered``.
 """
@@ -56,8 +56,8 @@ import numpy as np
 from omni_rt.core.messages import IncomingMessage
 from omni_rt.core.session_scheduler import Session, SessionLimitError, SessionScheduler
 from omni_rt.audio import PIPELINE_INPUT_RATE
-from omni_rt.session.turn_detection import SCORE_AFTER_MS, TurnDetection, TurnDetectionError
-from omni_rt.stages.contracts import (
+from omni_rt.contracts.turn_detection import SCORE_AFTER_MS, SERVER_VAD, TurnDetection
+from omni_rt.contracts.payloads import (
     Cleared,
     Committed,
     SpeculationCancelled,
@@ -351,10 +351,8 @@ class AsrSessionScheduler(SessionScheduler):
 
     # ---- session hooks ---------------------------------------------------------------------------
     def _turn_detection(self, params: dict[str, Any]) -> TurnDetection:
-        try:
-            td = TurnDetection.from_params(params)
-        except TurnDetectionError as exc:
-            raise SessionLimitError(exc.code, f"{exc.param}: {exc.message}") from exc
+        """``params["turn_detection"]``: the session's parsed ``TurnDetectionConfig`` (None: the client commits)."""
+        td = TurnDetection.from_config(params.get("turn_detection", SERVER_VAD))
         if td.semantic is not None:
             self.turn_model()  # load now: a missing model is an error at session.update, not mid-turn
         return td

@@ -10,7 +10,7 @@ from typing import Any
 
 from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
 from omni_rt.stages.clauses import ClauseSplitter
-from omni_rt.stages.contracts import text_of
+from omni_rt.contracts.payloads import text_of
 
 
 class ClauseStreamScheduler(StreamingSimpleScheduler):

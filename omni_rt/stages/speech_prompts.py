@@ -19,7 +19,7 @@ from typing import Any
 from omni_rt.backends.snac_codec import CODES_PER_FRAME
 from omni_rt.core.streaming_scheduler import StreamState
 from omni_rt.stages.clause_stream import ClauseStreamScheduler
-from omni_rt.stages.contracts import SpeechPrompt
+from omni_rt.contracts.payloads import SpeechPrompt
 
 # Orpheus special tokens (Llama-3 tokenizer + added specials; audio codes start at ORPHEUS_CODE_OFFSET).
 # A prompt is [START_OF_HUMAN] "voice: text" [END_OF_TEXT, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH]: the

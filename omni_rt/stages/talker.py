@@ -12,7 +12,7 @@ from typing import Any
 
 from omni_rt.core.streaming_scheduler import StreamState
 from omni_rt.stages.clause_stream import ClauseStreamScheduler
-from omni_rt.stages.contracts import Clause
+from omni_rt.contracts.payloads import Clause
 
 
 class PiperTalkerScheduler(ClauseStreamScheduler):

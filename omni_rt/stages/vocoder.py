@@ -21,7 +21,7 @@ from omni_rt.audio.pcm import StreamResampler, float_to_pcm16
 from omni_rt.audio import PIPELINE_OUTPUT_RATE
 from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
 from omni_rt.backends.snac_codec import OrpheusFrameAssembler
-from omni_rt.stages.contracts import Clause, CodecFrames, PcmChunk, TokenDelta
+from omni_rt.contracts.payloads import Clause, CodecFrames, PcmChunk, TokenDelta
 
 OUTPUT_RATE = PIPELINE_OUTPUT_RATE
 

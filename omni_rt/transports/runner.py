@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 from omni_rt.core.coordinator import PipelineError, ResultItem, StreamItem
 from omni_rt.session import commands as cmd
 from omni_rt.session.core import RealtimeSession
-from omni_rt.stages.contracts import AsrError, AsrEvent, SessionExpired
+from omni_rt.contracts.payloads import AsrError, AsrEvent, SessionExpired
 
 if TYPE_CHECKING:
-    from omni_rt.server.runtime import Runtime
+    from omni_rt.transports.host import TransportHost
 
 log = logging.getLogger("omni_rt.session")
 
 
 class SessionRunner:
-    def __init__(self, runtime: "Runtime", session: RealtimeSession) -> None:
+    def __init__(self, runtime: "TransportHost", session: RealtimeSession) -> None:
         self.runtime = runtime
         self.session = session
         roles = runtime.coordinator.roles

@@ -19,6 +19,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.session.core import RealtimeSession, SessionOptions
+from omni_rt.transports.host import TransportHost
 from omni_rt.transports.runner import SessionRunner
 from omni_rt.transports.websocket import serve_session
 
@@ -140,7 +141,7 @@ class TwilioCall:
         return True
 
 
-async def twilio_endpoint(ws: WebSocket, runtime: Any) -> None:
+async def twilio_endpoint(ws: WebSocket, runtime: TransportHost) -> None:
     session = RealtimeSession(SessionOptions(model_name="twilio", speculative_responses=runtime.settings.speculative_responses,
                                              voices=tuple(runtime.config.voices)),
                               runtime.session_limits(), session={

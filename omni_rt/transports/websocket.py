@@ -17,7 +17,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from omni_rt.transports.runner import SessionRunner
 
 if TYPE_CHECKING:
-    from omni_rt.server.runtime import Runtime
+    from omni_rt.transports.host import TransportHost
 
 log = logging.getLogger("omni_rt.server")
 
@@ -74,7 +74,7 @@ async def receive_realtime(ws: WebSocket, runner: SessionRunner) -> None:
                 return
 
 
-async def serve_session(ws: WebSocket, runtime: "Runtime", runner: SessionRunner, receive: Receive,
+async def serve_session(ws: WebSocket, runtime: "TransportHost", runner: SessionRunner, receive: Receive,
                         encode: Encode | None = None) -> None:
     """Run one session until the client leaves, idles out, stops reading, or the server shuts down; then
     free everything it held and close the socket with a code and a reason."""

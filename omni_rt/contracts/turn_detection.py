@@ -1,8 +1,9 @@
 """Turn-detection config: the one owner of ``session.audio.input.turn_detection`` (GA ``server_vad`` /
 ``semantic_vad``), its defaults, its validation, and what the ASR stage needs to run it.
 
-Why one module: the protocol layer echoes the config back to the client, the ASR stage executes it; both
-must agree on the defaults and on what ``eagerness`` means, so both read them from here.
+Why here, in the shared vocabulary: the protocol layer parses it once into a ``TurnDetectionConfig`` and echoes
+it, the session reads its flags, the ASR stage executes it; all must agree on the defaults and on what
+``eagerness`` means, so all take the same typed value from this module.
 
 ``semantic_vad``: Silero finds pauses; at each pause of ``score_after_ms`` the Smart Turn model scores the
 turn so far. A sure "complete" (score >= ``sure_threshold``) ends the turn once the pause reaches
@@ -34,10 +35,6 @@ from typing import Any
 
 PARAM = "session.audio.input.turn_detection"
 EAGERNESS = ("low", "medium", "high", "auto")
-SERVER_VAD_DEFAULTS: dict[str, Any] = {
-    "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
-    "create_response": True, "interrupt_response": True,
-}
 SERVER_VAD_ONLY = ("threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms")
 IDLE_TIMEOUT_RANGE = (1000, 600_000)
 SCORE_AFTER_MS = 120
@@ -87,8 +84,9 @@ def _number(td: dict[str, Any], key: str, typ: type | tuple[type, ...], lo: floa
     return v
 
 
-def parse_turn_detection(td: Any) -> dict[str, Any] | None:
-    """Validate a client's ``turn_detection`` and return the full config (defaults filled) the session echoes."""
+def parse_turn_detection(td: Any) -> "TurnDetectionConfig | None":
+    """Validate a client's ``turn_detection`` once; the typed result (defaults filled) is what the session
+    echoes (``to_wire``) and what the ASR stage runs (``TurnDetection.from_config``). ``None``: client commits."""
     if td is None:
         return None
     if not isinstance(td, dict):
@@ -97,12 +95,12 @@ def parse_turn_detection(td: Any) -> dict[str, Any] | None:
     if kind not in ("server_vad", "semantic_vad"):
         raise TurnDetectionError("invalid_value", f"turn_detection.type '{kind}' is not supported (server_vad, semantic_vad or null)",
                                  f"{PARAM}.type")
-    out: dict[str, Any] = dict(SERVER_VAD_DEFAULTS, type=kind)
+    flags: dict[str, bool] = {}
     for key in ("create_response", "interrupt_response"):
         if td.get(key) is not None:
             if not isinstance(td[key], bool):
                 raise TurnDetectionError("invalid_type", f"turn_detection.{key} must be a boolean", f"{PARAM}.{key}")
-            out[key] = td[key]
+            flags[key] = td[key]
     if kind == "semantic_vad":
         for key in SERVER_VAD_ONLY:
             if td.get(key) is not None:
@@ -113,35 +111,49 @@ def parse_turn_detection(td: Any) -> dict[str, Any] | None:
         if eagerness not in EAGERNESS:
             raise TurnDetectionError("invalid_value", f"turn_detection.eagerness must be one of {list(EAGERNESS)}, not {eagerness!r}",
                                      f"{PARAM}.eagerness")
-        return {"type": kind, "create_response": out["create_response"], "interrupt_response": out["interrupt_response"],
-                "eagerness": eagerness}
+        return TurnDetectionConfig(type="semantic_vad", eagerness=eagerness, **flags)
     if td.get("eagerness") is not None:
         raise TurnDetectionError("invalid_value", "turn_detection.eagerness is only used with semantic_vad, not server_vad",
                                  f"{PARAM}.eagerness")
+    numbers: dict[str, Any] = {}
     for key, typ, lo, hi in (("threshold", (int, float), 0.0, 1.0), ("prefix_padding_ms", int, 0, 5000),
-                             ("silence_duration_ms", int, 100, 10000)):
+                             ("silence_duration_ms", int, 100, 10000), ("idle_timeout_ms", int, *IDLE_TIMEOUT_RANGE)):
         if td.get(key) is not None:
-            out[key] = _number(td, key, typ, lo, hi)
-    if td.get("idle_timeout_ms") is not None:
-        out["idle_timeout_ms"] = _number(td, "idle_timeout_ms", int, *IDLE_TIMEOUT_RANGE)
-    return out
+            numbers[key] = _number(td, key, typ, lo, hi)
+    return TurnDetectionConfig(type="server_vad", **flags, **numbers)
 
 
-def asr_turn_params(td: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The part of a parsed config the ASR stage runs (plain data: it crosses the stage queue)."""
-    if td is None:
-        return None
-    if td.get("type") == "semantic_vad":
-        return {"type": "semantic_vad", "eagerness": td.get("eagerness", "auto")}
-    out = {
-        "type": "server_vad",
-        "threshold": td.get("threshold", 0.5),
-        "prefix_padding_ms": td.get("prefix_padding_ms", 300),
-        "silence_duration_ms": td.get("silence_duration_ms", 500),
-    }
-    if td.get("idle_timeout_ms") is not None:
-        out["idle_timeout_ms"] = td["idle_timeout_ms"]
-    return out
+@dataclass(frozen=True)
+class TurnDetectionConfig:
+    """A validated ``turn_detection`` (GA field names): plain frozen data, so it crosses the stage queue as is."""
+
+    type: str = "server_vad"  # server_vad | semantic_vad
+    create_response: bool = True
+    interrupt_response: bool = True
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    idle_timeout_ms: int | None = None
+    eagerness: str = "auto"  # semantic_vad only
+
+    @property
+    def semantic(self) -> bool:
+        return self.type == "semantic_vad"
+
+    def to_wire(self) -> dict[str, Any]:
+        """What ``session.created/updated`` echo: the fields of this type, defaults filled."""
+        out: dict[str, Any] = {"type": self.type}
+        if self.semantic:
+            out.update(create_response=self.create_response, interrupt_response=self.interrupt_response, eagerness=self.eagerness)
+            return out
+        out.update(threshold=self.threshold, prefix_padding_ms=self.prefix_padding_ms, silence_duration_ms=self.silence_duration_ms,
+                   create_response=self.create_response, interrupt_response=self.interrupt_response)
+        if self.idle_timeout_ms is not None:
+            out["idle_timeout_ms"] = self.idle_timeout_ms
+        return out
+
+
+SERVER_VAD = TurnDetectionConfig()
 
 
 @dataclass(frozen=True)
@@ -160,23 +172,12 @@ class TurnDetection:
     idle_timeout_ms: int | None = None
 
     @classmethod
-    def from_params(cls, params: dict[str, Any]) -> "TurnDetection":
-        td = params.get("turn_detection", {"type": "server_vad"})
-        if not td:
+    def from_config(cls, cfg: TurnDetectionConfig | None) -> "TurnDetection":
+        if cfg is None:
             return cls(enabled=False)
-        kind = td.get("type", "server_vad")
-        if kind == "semantic_vad":
-            eager = EAGERNESS_SETTINGS.get(td.get("eagerness") or "auto")
-            if eager is None:
-                raise TurnDetectionError("invalid_value", f"turn_detection.eagerness must be one of {list(EAGERNESS)}",
-                                         f"{PARAM}.eagerness")
+        if cfg.semantic:
+            eager = EAGERNESS_SETTINGS[cfg.eagerness]
             return cls(threshold=SEMANTIC_THRESHOLD, prefix_padding_ms=SEMANTIC_PREFIX_PADDING_MS,
                        silence_duration_ms=eager.max_silence_ms, semantic=eager)
-        idle = td.get("idle_timeout_ms")
-        return cls(
-            enabled=kind == "server_vad",
-            threshold=float(td.get("threshold", 0.5) or 0.5),
-            prefix_padding_ms=int(td.get("prefix_padding_ms", 300) or 0),
-            silence_duration_ms=int(td.get("silence_duration_ms", 500) or 500),
-            idle_timeout_ms=int(idle) if idle else None,
-        )
+        return cls(threshold=float(cfg.threshold), prefix_padding_ms=cfg.prefix_padding_ms,
+                   silence_duration_ms=cfg.silence_duration_ms, idle_timeout_ms=cfg.idle_timeout_ms)

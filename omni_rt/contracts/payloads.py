@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_rt.audio import PIPELINE_OUTPUT_RATE
+from omni_rt.contracts.rates import PIPELINE_OUTPUT_RATE
 
 
 # ---- thinker -> talker / client -------------------------------------------------------------------

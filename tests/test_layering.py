@@ -1,0 +1,99 @@
+"""Imports point down the layers, never back up: the order is written once, here and in the README.
+
+Every import of ``omni_rt`` inside ``omni_rt`` (module level, function level and ``TYPE_CHECKING`` alike, since
+each is a dependency a reader has to follow) must go to the same layer or one listed before it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "omni_rt"
+
+# bottom first; a layer may import itself and anything to its left
+LAYERS = [
+    "contracts",  # shared vocabulary: typed payloads and events, parsed configs, rates
+    "resources",  # where package data lives
+    "audio",  # formats and conversions
+    "core",  # stage shell, schedulers, coordinator, pipeline config
+    "presets",  # preset files -> PipelineConfig
+    "backends",  # model wrappers: VAD, ASR, TTS, codecs, turn model
+    "engine",  # the AR engines behind the thinker/talker
+    "stages",  # stage workers built from backends and engines
+    "realtime",  # OpenAI Realtime events and session config (sans-I/O)
+    "session",  # the sans-I/O RealtimeSession
+    "transports",  # WebSocket, Twilio: adapters that move bytes
+    "server",  # app, settings, metrics, runtime
+    "prepare",  # weight preparation (CLI command)
+    "cli",
+]
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "(root)"
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every ``omni_rt`` import in one file."""
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    package = list(rel.parts[:-1])  # what a relative import is relative to
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [target] if node.module or not node.level else [f"{target}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        out += [(node.lineno, n) for n in names if n == "omni_rt" or n.startswith("omni_rt.")]
+    return out
+
+
+def upward_imports() -> list[str]:
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        src = layer_of(module)
+        for line, target in imports_of(path):
+            dst = layer_of(target)
+            if src == "(root)" or dst == "(root)":
+                continue  # omni_rt/__init__.py: the version only
+            if dst not in rank or src not in rank:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: layer {src if src not in rank else dst!r} is not in LAYERS")
+            elif rank[dst] > rank[src]:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {src} imports {target} ({dst} is above {src})")
+    return found
+
+
+def test_every_package_is_a_layer() -> None:
+    packages = {p.name for p in PACKAGE.iterdir() if (p.is_dir() and (p / "__init__.py").exists())}
+    modules = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    assert packages | modules == set(LAYERS), "add the new folder to LAYERS (and the README's layer list)"
+
+
+def test_imports_point_down() -> None:
+    assert upward_imports() == []
+
+
+def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """The checker itself: a module of a lower layer that imports a higher one is reported."""
+    pkg = tmp_path / "omni_rt"
+    for layer in ("contracts", "server"):
+        (pkg / layer).mkdir(parents=True)
+        (pkg / layer / "__init__.py").write_text("")
+    (pkg / "contracts" / "bad.py").write_text("def f():\n    from omni_rt.server import app\n")
+    (pkg / "server" / "good.py").write_text("from ..contracts import bad\n")
+    globals()["PACKAGE"], saved = pkg, PACKAGE
+    try:
+        found = upward_imports()
+    finally:
+        globals()["PACKAGE"] = saved
+    assert len(found) == 1 and "contracts imports omni_rt.server" in found[0], found
