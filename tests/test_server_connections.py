@@ -24,7 +24,7 @@ from conftest import free_port, start_server, stop_server
 from rt_helpers import validate_event
 
 from omni_rt.server.connections import (FD_RESERVE, REFUSE_ROOM, ConnectionGuard, GuardedHttpProtocol, accept_backlog,
-                                        connection_cap)
+                                        connection_cap, over_capacity)
 
 
 def test_cap_is_what_the_file_limit_leaves() -> None:
@@ -43,10 +43,14 @@ RELEASE = threading.Event()
 
 
 async def tiny_app(scope, receive, send) -> None:
-    """/hold waits until RELEASE is set (a request in progress); anything else answers at once; WebSockets echo."""
+    """/hold waits until RELEASE is set (a request in progress); anything else answers at once; a WebSocket is
+    held open, or closed 1013 over the cap as the real app's admit() does."""
     if scope["type"] == "websocket":
         await receive()
         await send({"type": "websocket.accept"})
+        if over_capacity(scope):
+            await send({"type": "websocket.close", "code": 1013, "reason": "server full: connections"})
+            return
         while (await receive())["type"] != "websocket.disconnect":
             pass
         return
@@ -118,7 +122,7 @@ def test_idle_connections_make_room_oldest_first() -> None:
                 s.close()
 
 
-def test_busy_cap_refuses_at_once_with_503() -> None:
+def test_busy_cap_refuses_at_once_503_and_1013() -> None:
     RELEASE.clear()
     with tiny_server(cap=4, header_timeout_s=30) as (port, guard):
         busy = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(4)]
@@ -130,13 +134,12 @@ def test_busy_cap_refuses_at_once_with_503() -> None:
             r = httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
             assert r.status_code == 503 and time.monotonic() - t0 < 2.0, r
 
-            async def handshake() -> int:
-                try:
-                    async with websockets.connect(f"ws://127.0.0.1:{port}/ws", open_timeout=5):
-                        return 101
-                except websockets.InvalidStatus as exc:
-                    return exc.response.status_code
-            assert asyncio.run(handshake()) == 503  # refused before the upgrade (RFC 6455 4.2.2)
+            async def refused_ws() -> tuple[int, str]:
+                async with websockets.connect(f"ws://127.0.0.1:{port}/ws", open_timeout=5) as ws:
+                    with pytest.raises(websockets.ConnectionClosed) as closed:
+                        await asyncio.wait_for(ws.recv(), 5)
+                    return closed.value.rcvd.code, closed.value.rcvd.reason
+            assert asyncio.run(refused_ws()) == (1013, "server full: connections")
             assert guard.counts["refused"] == 2 and guard.counts["evicted"] == 0, guard.counts
             assert all(is_open(s) for s in busy), "a request in progress was closed"
             RELEASE.set()  # the held requests finish: their connections are idle now and can make room
@@ -293,3 +296,42 @@ def test_260_half_sent_headers_are_closed_within_seconds(small_fd_server) -> Non
           f"{max(t for _, t in health):.2f} s")
     assert all(status == 200 for status, _ in health), health
     assert small_fd_server.wait_idle(timeout=30)["total"] == 0
+
+
+@pytest.fixture(scope="module")
+def capped_server(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("capped"), "--max-sessions", "8", "--max-connections", "4")
+    yield server
+    stop_server(server)
+
+
+def test_every_connection_busy_refuses_1013_and_503_at_once(capped_server) -> None:
+    """Four sessions hold the four connections: a fifth WebSocket is closed 1013 by the real app, HTTP gets 503."""
+    url = f"{capped_server.ws_url}/v1/realtime"
+
+    async def go() -> None:
+        sessions = []
+        for _ in range(4):
+            ws = await websockets.connect(url, max_size=None, open_timeout=10)
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            sessions.append(ws)
+        t0 = time.monotonic()
+        async with websockets.connect(url, open_timeout=10) as ws:
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1013, "server full: connections")
+        r = await asyncio.to_thread(httpx.get, f"{capped_server.http_url}/healthz", timeout=5)
+        assert r.status_code == 503 and time.monotonic() - t0 < 5.0, r
+        for ws in sessions[1:]:  # the held sessions still work
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "hi"}}))
+            assert json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "session.updated"
+        await sessions[0].close()
+        deadline = time.monotonic() + 10
+        while (await asyncio.to_thread(httpx.get, f"{capped_server.http_url}/healthz", timeout=5)).status_code != 200:
+            assert time.monotonic() < deadline, "a freed connection should admit again"
+            await asyncio.sleep(0.1)
+        for ws in sessions[1:]:
+            await ws.close()
+
+    asyncio.run(asyncio.wait_for(go(), 90))
+    assert capped_server.wait_idle(timeout=30)["total"] == 0

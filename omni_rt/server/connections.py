@@ -14,9 +14,9 @@ offers: connection made, headers complete, response complete. The numbers:
 * ``cap`` = file limit - descriptors open once the models are loaded - backlog - a reserve for the engine's
   sockets (2 per session), files opened later and logs (32) - ``REFUSE_ROOM``; ``max_connections`` only lowers it;
 * over the cap, the oldest connection without a request in progress is closed to make room (a flood of idle
-  sockets cannot lock real users out); if every connection is busy, the newcomer is refused at once: 503 for
-  HTTP and for a WebSocket handshake (RFC 6455 4.2.2), after at most ``REFUSE_HEADER_S`` for its headers;
-  past ``REFUSE_ROOM`` such refusals it is closed unread;
+  sockets cannot lock real users out); if every connection is busy, the newcomer is refused at once, after at
+  most ``REFUSE_HEADER_S`` for its headers: HTTP gets uvicorn's own 503, a WebSocket is accepted and closed
+  with 1013 and a reason by the app (``over_capacity``); past ``REFUSE_ROOM`` such refusals it is closed unread;
 * a connection must complete its request headers within ``header_timeout_s`` of connecting or of its last
   response, however slowly it trickles bytes; otherwise it is closed.
 """
@@ -43,6 +43,12 @@ REFUSE_HEADER_S = 1.0  # how long such a connection may take to send its headers
 MIN_CAP = 4
 _NO_LIMIT = 1 << 20  # RLIM_INFINITY: count as Linux's default nr_open
 _LOG_EVERY_S = 10.0
+OVER_CAPACITY = "omni_rt.over_capacity"  # in a refused WebSocket's ASGI scope state
+
+
+def over_capacity(scope: dict[str, Any]) -> bool:
+    """Was this WebSocket admitted over the connection cap only to be told so (close 1013)?"""
+    return bool((scope.get("state") or {}).get(OVER_CAPACITY))
 
 
 def file_limit() -> int:
@@ -170,12 +176,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def handle_websocket_upgrade(self) -> None:
-        if self._refused:  # a WebSocket handshake over the cap: 503 before the upgrade (RFC 6455 4.2.2)
-            self.transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                                 b"content-length: 19\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
-                                 b"Service Unavailable")
-            self.transport.close()
-            return
+        if self._refused:  # the WebSocket protocol copies app_state into the scope: the app closes it with 1013
+            self.app_state = {**self.app_state, OVER_CAPACITY: True}
         super().handle_websocket_upgrade()  # the WebSocket protocol takes the transport; this one is done
 
     def on_response_complete(self) -> None:
