@@ -296,6 +296,11 @@ def test_260_half_sent_headers_are_closed_within_seconds(small_fd_server) -> Non
           f"{max(t for _, t in health):.2f} s")
     assert all(status == 200 for status, _ in health), health
     assert small_fd_server.wait_idle(timeout=30)["total"] == 0
+    metrics = httpx.get(f"{small_fd_server.http_url}/metrics", timeout=10).text
+    closed = {o: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+              for o in ("evicted", "timed_out") if line.startswith(f'omni_rt_tcp_connections_total{{outcome="{o}"}}')}
+    assert sum(closed.values()) >= 260 and closed.get("timed_out", 0) > 0, metrics
+    assert "omni_rt_connection_cap 1" in metrics  # 146 on the CPU preset; the exact count depends on the fds open
 
 
 @pytest.fixture(scope="module")

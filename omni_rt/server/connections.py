@@ -28,6 +28,7 @@ import logging
 import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -95,6 +96,7 @@ class ConnectionGuard:
     header_timeout_s: float
     max_sessions: int
     configured_cap: int | None = None
+    on_event: Callable[[str, int], None] | None = None  # (outcome or "cap", count): for /metrics
     cap: int | None = None
     pending: dict[GuardedHttpProtocol, None] = field(default_factory=dict)  # insertion order = age
     closing: set[GuardedHttpProtocol] = field(default_factory=set)  # evicted, descriptor not yet released
@@ -109,6 +111,8 @@ class ConnectionGuard:
                      "(engine %d/session x %d sessions + %d), %d for refusals; header timeout %.1f s", self.cap,
                      limit, in_use, accept_backlog(limit), FD_RESERVE + ENGINE_FDS_PER_SESSION * self.max_sessions,
                      ENGINE_FDS_PER_SESSION, self.max_sessions, FD_RESERVE, REFUSE_ROOM, self.header_timeout_s)
+            if self.on_event is not None:
+                self.on_event("cap", self.cap)
             if self.configured_cap and self.configured_cap > self.cap:
                 log.warning("max_connections %d is above what the file limit allows; using %d",
                             self.configured_cap, self.cap)
@@ -140,6 +144,8 @@ class ConnectionGuard:
 
     def _count(self, what: str) -> None:
         self.counts[what] += 1
+        if self.on_event is not None:
+            self.on_event(what, 1)
         now = time.monotonic()
         if now - self._logged_at > _LOG_EVERY_S:
             self._logged_at = now

@@ -61,10 +61,18 @@ def serve(settings: ServerSettings, log_level: str = "info") -> None:
     for name in ("uvicorn.access", "uvicorn.error"):
         logging.getLogger(name).addFilter(RedactSecrets())
     app = create_app(settings)
+    metrics = app.state.runtime.metrics
+
+    def count(what: str, n: int) -> None:
+        if what == "cap":
+            metrics.connection_cap.set(n)
+        else:
+            metrics.tcp.labels(outcome=what).inc(n)
+
     # Connections are counted and capped by the guard (omni_rt/server/connections.py): uvicorn's limit_concurrency
     # answers 503 only after the headers and would count the same sockets twice, so it stays off.
     guard = ConnectionGuard(header_timeout_s=settings.connect_timeout_s, max_sessions=settings.max_sessions,
-                            configured_cap=settings.max_connections)
+                            configured_cap=settings.max_connections, on_event=count)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, ws_max_size=settings.max_message_bytes,
                             log_level=log_level, timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
                             timeout_keep_alive=settings.connect_timeout_s, backlog=accept_backlog(file_limit()),
