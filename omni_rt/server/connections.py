@@ -5,9 +5,9 @@ Why not uvicorn's options alone: ``limit_concurrency`` answers 503 only once a r
 arrived, so silent or half-sent connections still take a file descriptor each; ``timeout_keep_alive`` runs
 only while no bytes arrive (any byte disarms it), so a client that sends half a header and stops is held for
 ever; and neither knows the file limit. Once the descriptor table is full, accept() fails with EMFILE — the
-event loop pauses accepting (asyncio) or drops the listen backlog (uvloop) — and ``/healthz`` and real
-sessions cannot get in. So uvicorn's own httptools protocol is kept and extended here at the three points it
-offers: connection made, headers complete, response complete. The numbers:
+event loop pauses accepting (asyncio), or libuv under uvloop accepts and closes whatever is queued — and
+``/healthz`` and real sessions cannot get in. So uvicorn's own httptools protocol is kept and extended here at
+the hooks it has (connection made, headers complete, WebSocket upgrade, response complete). The numbers:
 
 * ``backlog`` (uvicorn's option; the listen queue, which is also how many sockets one wake-up of the loop may
   accept before any of them is looked at) = file limit / 8, within 16..2048;
