@@ -22,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--max-sessions", type=int, default=None)
     serve.add_argument("--allowed-origin", action="append", default=None, dest="allowed_origins")
     serve.add_argument("--max-message-bytes", type=int, default=None)
+    serve.add_argument("--max-connections", type=int, default=None,
+                       help="cap on connections held (default: derived from the open-file limit)")
+    serve.add_argument("--connect-timeout-s", type=float, default=None,
+                       help="time a connection gets to complete its request headers (default 5)")
     serve.add_argument("--shutdown-grace-s", type=float, default=None, help="time open answers get at SIGTERM")
     serve.add_argument("--no-speculative", action="store_false", dest="speculative_responses", default=None,
                        help="do not start answers during the end-of-turn silence (for comparisons)")

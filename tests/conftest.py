@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -52,13 +53,15 @@ class LiveServer:
         return state
 
 
-def start_server(tmp_dir: Path, *extra: str, env: dict | None = None) -> LiveServer:
+def start_server(tmp_dir: Path, *extra: str, env: dict | None = None, nofile: int | None = None) -> LiveServer:
+    """``nofile``: the server process's open-file limit (RLIMIT_NOFILE, soft and hard), as ``ulimit -n`` would."""
     port = free_port()
     log_path = tmp_dir / f"server-{port}.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "omni_rt.cli", "serve", "--port", str(port), *extra],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180

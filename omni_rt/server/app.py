@@ -14,6 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from omni_rt.resources import web_dir
+from omni_rt.server.connections import over_capacity
 from omni_rt.server.runtime import Runtime
 from omni_rt.server.settings import ServerSettings
 from omni_rt.session.core import RealtimeSession, SessionOptions
@@ -47,6 +48,10 @@ async def admit(ws: WebSocket, runtime: Runtime, surface: str) -> bool:
     """Accept the socket, then close it with a clear code if it may not stay (auth 1008, full 1013)."""
     subprotocols = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     await ws.accept(subprotocol="realtime" if "realtime" in subprotocols else None)
+    if over_capacity(ws.scope):  # every connection busy (omni_rt/server/connections.py)
+        runtime.metrics.connections.labels(surface=surface, outcome="refused_full").inc()
+        await ws.close(code=CLOSE_FULL, reason="server full: connections")
+        return False
     refused = check_access(ws, runtime.settings)
     if refused is not None:
         runtime.metrics.connections.labels(surface=surface, outcome="refused_auth").inc()

@@ -21,6 +21,11 @@ class Metrics:
         self.speculative = Counter("omni_rt_speculative_responses_total",
                                    "Answers started in the end-of-turn silence, by outcome (released/discarded)", ["outcome"],
                                    registry=self.registry)
+        self.tcp = Counter("omni_rt_tcp_connections_total", "Connections the connection guard closed or refused, by "
+                           "outcome (evicted: made room; timed_out: headers not complete in time; refused: 503/1013; "
+                           "dropped: closed unread)", ["outcome"], registry=self.registry)
+        self.connection_cap = Gauge("omni_rt_connection_cap", "Connections held at most (from the open-file limit)",
+                                    registry=self.registry)
         self.live_state = Gauge("omni_rt_live_request_state", "Live per-request/per-session entries held by the runtime",
                                 registry=self.registry)
 

@@ -10,14 +10,15 @@ signal exits at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 from types import FrameType
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from omni_rt.server.app import create_app, drain
+from omni_rt.server.connections import ConnectionGuard, GuardedHttpProtocol, accept_backlog, file_limit
 from omni_rt.server.settings import ServerSettings
 
 log = logging.getLogger("omni_rt.server")
@@ -34,16 +35,6 @@ class RedactSecrets(logging.Filter):
         if isinstance(record.msg, str):
             record.msg = _SECRET_QUERY.sub(r"\1***", record.msg)
         return True
-
-
-class ReapingHttpProtocol(HttpToolsProtocol):
-    """A TCP connection that sends nothing is closed after ``timeout_keep_alive`` seconds. uvicorn arms that
-    timer only between requests, so silent connections opened and never used would pile up and exhaust file
-    descriptors; arming it at connect reuses the same mechanism (any byte received disarms it)."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
 
 class DrainingServer(uvicorn.Server):
@@ -70,8 +61,20 @@ def serve(settings: ServerSettings, log_level: str = "info") -> None:
     for name in ("uvicorn.access", "uvicorn.error"):
         logging.getLogger(name).addFilter(RedactSecrets())
     app = create_app(settings)
+    metrics = app.state.runtime.metrics
+
+    def count(what: str, n: int) -> None:
+        if what == "cap":
+            metrics.connection_cap.set(n)
+        else:
+            metrics.tcp.labels(outcome=what).inc(n)
+
+    # Connections are counted and capped by the guard (omni_rt/server/connections.py): uvicorn's limit_concurrency
+    # answers 503 only after the headers and would count the same sockets twice, so it stays off.
+    guard = ConnectionGuard(header_timeout_s=settings.connect_timeout_s, max_sessions=settings.max_sessions,
+                            configured_cap=settings.max_connections, on_event=count)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, ws_max_size=settings.max_message_bytes,
                             log_level=log_level, timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
-                            limit_concurrency=settings.max_connections, timeout_keep_alive=settings.connect_timeout_s,
-                            http=ReapingHttpProtocol)
+                            timeout_keep_alive=settings.connect_timeout_s, backlog=accept_backlog(file_limit()),
+                            http=functools.partial(GuardedHttpProtocol, guard=guard))  # type: ignore[arg-type]
     DrainingServer(config, app.state.runtime).run()

@@ -26,9 +26,14 @@ class ServerSettings(BaseSettings):
     send_timeout_s: float = Field(10.0, gt=0, description="a client whose socket accepts nothing for this long is "
                                   "closed (1008) and its answer freed")
     max_outgoing_bytes: int = Field(16 * 1024 * 1024, ge=65536, description="cap on events queued for one client")
-    max_connections: int = Field(256, ge=2, description="concurrent connections (HTTP + WebSocket) before uvicorn "
-                                 "answers 503; keep it below the process's file-descriptor limit")
-    connect_timeout_s: int = Field(5, ge=1, description="a TCP connection that sends nothing for this long is closed")
+    max_connections: int | None = Field(None, ge=2, description="connections held at once (HTTP + WebSocket); "
+                                        "default: derived from the file limit (RLIMIT_NOFILE) after the descriptors "
+                                        "the models and engine need, see omni_rt/server/connections.py; a value "
+                                        "only lowers it. Over it the oldest connection without a request is closed "
+                                        "to make room, or, all busy, the newcomer gets 503")
+    connect_timeout_s: float = Field(5.0, gt=0, description="a connection must complete its request headers (a "
+                                     "request or a WebSocket upgrade) this long after connecting or after its last "
+                                     "response, however slowly it sends, or it is closed")
     random_weights: Literal["full", "tiny"] | None = Field(None, description="random weights of the real shapes on "
                                                            "every stage that supports it ('tiny': shrunk, for CPU)")
     shutdown_grace_s: float = Field(5.0, ge=0, description="time open answers get to finish at shutdown")
