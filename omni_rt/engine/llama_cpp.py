@@ -248,6 +248,10 @@ class LlamaServer:
             "-t", str(threads), "-tb", str(threads), "--poll", "0",
             "-c", str(ctx_size), "--parallel", str(parallel), "--kv-unified", "--cont-batching",
             "--cache-ram", str(cache_ram_mib), "--jinja", "--no-webui", "--metrics", "--slots",
+            # a trailing assistant message is a whole turn, not a prefix to continue: a response.create with no
+            # new user input starts a new answer (with prefill, llama-server continued the last reply, and
+            # refused two assistant messages at the end: "Cannot have 2 or more assistant messages ...")
+            "--no-prefill-assistant",
             *extra_args,
         ]  # fmt: skip
         self.log_path = Path(log_path) if log_path else cache_root() / "llama.cpp" / "logs" / f"llama-server-{os.getpid()}.log"
