@@ -484,6 +484,8 @@ def _make_scheduler_class():
             return "/completions", body
 
         async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
+            if not self.server.alive:  # restarting after a crash: the next answer waits for it, rather than fail
+                await asyncio.to_thread(self.server.wait_ready, self.server.ready_timeout_s)
             restarts, pid = self.server.restarts, self.server.proc.pid if self.server.proc else None
             framed = bool(req.tools) and forces_call(req.tool_choice) and self._own_tool_prompt(req)
             try:
