@@ -301,6 +301,7 @@ async def test_engine_crash_mid_answer_fails_once_then_answers(live_server):
         final = await answered(c)  # waits for the restarted engine
         assert text_of(final).strip()
     assert _llama_server_pid(live_server) not in (None, pid)
+    assert f"llama-server pid {pid}) exited mid-answer" in live_server.log_path.read_text()  # the detail: in the log only
 
 
 async def test_context_overflow_fails_cleanly_then_answers(live_server):
@@ -400,3 +401,85 @@ def test_torch_engine_answers_after_assistant_turns():
     finally:
         s.stop()
     assert got["error"] is None and got["result"]["text"].strip(), got
+
+
+# ------------------------------------------------------------------------------------------------ sans-I/O orderings
+# Orderings a live server produces only sometimes, driven on the session state machine itself.
+
+from omni_rt.contracts import payloads as c  # noqa: E402
+from omni_rt.session import commands as cmd  # noqa: E402
+from omni_rt.session.core import RealtimeSession  # noqa: E402
+
+
+def _filled(n: int) -> RealtimeSession:
+    s = RealtimeSession()
+    s.open()
+    s.receive_event({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+    for i in range(n):
+        s.receive_event({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                      "content": [{"type": "input_text", "text": f"n{i}"}]}})
+    s.events_to_send(), s.commands()
+    return s
+
+
+def _drain(s: RealtimeSession) -> tuple[list[dict], list]:
+    events, commands = s.events_to_send(), s.commands()
+    for e in events:
+        validate_event(e)
+        if e["type"] == "error":
+            assert_clean(e)
+    return events, commands
+
+
+def _voice_turn(s: RealtimeSession, text: str = "hello there") -> None:
+    s.receive_asr(c.SpeechStarted(1, 100))
+    s.receive_asr(c.SpeechStopped(1, 900))
+    s.receive_asr(c.TranscriptSpeculative(1, text, 0.0))
+    s.receive_asr(c.Committed(1, "vad", 800))
+    s.receive_asr(c.TranscriptFinal(1, text, True, 0.0, 0.0, 800))
+
+
+def test_voice_turn_at_the_cap_is_refused_not_raised() -> None:
+    for room in (0, 1):  # no room at all; room for the user's item only
+        s = _filled(MAX_ITEMS - room)
+        _voice_turn(s)
+        events, commands = _drain(s)
+        assert [e["error"]["code"] for e in events if e["type"] == "error"] == ["conversation_full"], events
+        assert not [e for e in events if e["type"].startswith("response.")], events
+        starts = {x.response_id for x in commands if isinstance(x, cmd.StartResponse)}
+        assert starts <= {x.response_id for x in commands if isinstance(x, cmd.AbortResponse)}  # the held one freed
+        assert s.response is None and s.live_state()["responses"] == 0
+
+
+def test_tool_call_that_does_not_fit_fails_the_answer() -> None:
+    s = _filled(MAX_ITEMS - 1)  # room for the answer's message item, not for a call after it
+    s.receive_event({"type": "response.create"})
+    (start,) = [x for x in s.commands() if isinstance(x, cmd.StartResponse)]
+    s.receive_output(start.response_id, "text", c.ToolCallDelta(0, "call_1", "get_weather", '{"city"'))
+    s.receive_output(start.response_id, "text", c.ToolCallDone(0, "call_1", "get_weather", '{"city": "Paris"}'))
+    events, commands = _drain(s)
+    check_response(events, "failed", "conversation_full")
+    assert not [e for e in events if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"]
+    assert any(isinstance(x, cmd.AbortResponse) and x.response_id == start.response_id for x in commands)
+    s.receive_result(start.response_id, {})  # a late result of the failed answer is dropped
+    assert _drain(s)[0] == []
+
+
+def test_engine_failure_message_is_short_held_or_not() -> None:
+    body = 'thinker: http://127.0.0.1:41825/v1/chat/completions answered HTTP 400: {"error": "secret"}'
+    s = _filled(1)
+    s.receive_event({"type": "response.create"})
+    (start,) = [x for x in s.commands() if isinstance(x, cmd.StartResponse)]
+    s.receive_failure(start.response_id, "upstream_http_error", "thinker", body)
+    check_response(_drain(s)[0], "failed", "upstream_http_error")
+    # a held answer that fails before the turn ends: its error and done wait for the release
+    s.receive_asr(c.SpeechStarted(1, 100))
+    s.receive_asr(c.SpeechStopped(1, 900))
+    s.receive_asr(c.TranscriptSpeculative(1, "hi", 0.0))
+    (held,) = [x for x in s.commands() if isinstance(x, cmd.StartResponse)]
+    s.receive_failure(held.response_id, "engine_crashed", "thinker", body)
+    assert not [e for e in _drain(s)[0] if e["type"].startswith("response.") or e["type"] == "error"]
+    s.receive_asr(c.Committed(1, "vad", 800))
+    s.receive_asr(c.TranscriptFinal(1, "hi", True, 0.0, 0.0, 800))
+    events = _drain(s)[0]
+    check_response([e for e in events if e["type"] == "error" or "response" in e["type"]], "failed", "engine_crashed")

@@ -52,7 +52,11 @@ class TurnTaking:
             event_id = None
             if ev.code in ("input_audio_buffer_commit_empty", "input_audio_buffer_commit_busy") and self.turns.commit_event_ids:
                 event_id = self.turns.commit_event_ids.popleft()
-            self.send_error(ProtocolError(ev.code, ev.message), event_id)
+            message, type_ = ev.message, "invalid_request_error"
+            if ev.code == "stage_error":  # an unexpected failure in the stage: its text (an exception) is for the log
+                self.log.warning("audio input failed: %s", ev.message)
+                message, type_ = "the audio input could not be processed", "server_error"
+            self.send_error(ProtocolError(ev.code, message, type_=type_), event_id)
         elif isinstance(ev, c.SessionExpired):
             self.send_error(ProtocolError("session_expired", "session idle for too long; audio state was reset", type_="server_error"))
 
