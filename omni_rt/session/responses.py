@@ -118,7 +118,7 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
         entry = self._responses.pop(response_id, None)
         if entry is None:
             return
-        self.log.warning("response %s failed in stage %s (%s): %s", response_id, stage, code, message)
+        self.log.info("response %s failed in stage %s (%s): %s", response_id, stage, code, message)
         self._fail(entry[0], code, failure_message(code, stage))
 
     def _fail(self, resp: Response, code: str, message: str) -> None:
