@@ -248,6 +248,10 @@ class LlamaServer:
             "-t", str(threads), "-tb", str(threads), "--poll", "0",
             "-c", str(ctx_size), "--parallel", str(parallel), "--kv-unified", "--cont-batching",
             "--cache-ram", str(cache_ram_mib), "--jinja", "--no-webui", "--metrics", "--slots",
+            # a trailing assistant message is a whole turn, not a prefix to continue: a response.create with no
+            # new user input starts a new answer (with prefill, llama-server continued the last reply, and
+            # refused two assistant messages at the end: "Cannot have 2 or more assistant messages ...")
+            "--no-prefill-assistant",
             *extra_args,
         ]  # fmt: skip
         self.log_path = Path(log_path) if log_path else cache_root() / "llama.cpp" / "logs" / f"llama-server-{os.getpid()}.log"
@@ -480,6 +484,8 @@ def _make_scheduler_class():
             return "/completions", body
 
         async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
+            if not self.server.alive:  # restarting after a crash: the next answer waits for it, rather than fail
+                await asyncio.to_thread(self.server.wait_ready, self.server.ready_timeout_s)
             restarts, pid = self.server.restarts, self.server.proc.pid if self.server.proc else None
             framed = bool(req.tools) and forces_call(req.tool_choice) and self._own_tool_prompt(req)
             try:

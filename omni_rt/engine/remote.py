@@ -103,11 +103,23 @@ def _usage(u: dict | None) -> dict[str, int] | None:
     }
 
 
+# How upstreams say a prompt does not fit: llama.cpp's error type and messages, OpenAI's code, vLLM/SGLang's message.
+_OVERFLOW_MARKS = ("exceed_context_size_error", "context_length_exceeded", "exceeds the available context size",
+                   "larger than the max context size", "maximum context length")
+
+
+def error_code(detail: str, default: str) -> str:
+    """``context_length_exceeded`` when an upstream's error says the prompt does not fit its context, else
+    ``default``: the client is told which, never the upstream's body."""
+    return "context_length_exceeded" if any(m in detail for m in _OVERFLOW_MARKS) else default
+
+
 def parse_sse_chunk(obj: dict) -> Delta:
     """One ``chat.completion.chunk`` or ``text_completion`` chunk -> Delta."""
     if "error" in obj:
         err = obj["error"]
-        raise UpstreamError(f"upstream error: {err.get('message', err) if isinstance(err, dict) else err}")
+        raise UpstreamError(f"upstream error: {err.get('message', err) if isinstance(err, dict) else err}",
+                            code=error_code(json.dumps(err), "upstream_error"))
     d = Delta(usage=_usage(obj.get("usage")))
     for ch in obj.get("choices") or []:
         delta = ch.get("delta") or {}
@@ -175,7 +187,7 @@ class RemoteScheduler(AsyncStreamScheduler):
                         if resp.status_code >= 500 or resp.status_code == 429:
                             raise _RetryableStatus(f"HTTP {resp.status_code}: {detail}")
                         raise UpstreamError(
-                            f"{url} answered HTTP {resp.status_code}: {detail}", code="upstream_http_error"
+                            f"{url} answered HTTP {resp.status_code}: {detail}", code=error_code(detail, "upstream_http_error")
                         )
                     async for line in resp.aiter_lines():
                         if not line.startswith("data:"):

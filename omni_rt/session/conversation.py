@@ -133,12 +133,7 @@ class Conversation:
         """Insert after ``previous_item_id`` (``root`` = first) or append; returns the actual previous id."""
         if any(it.id == item.id for it in self.items):
             raise ProtocolError("item_id_exists", f"an item with id '{item.id}' already exists", "item.id")
-        if len(self.items) >= MAX_ITEMS:
-            raise ProtocolError("conversation_full", f"the conversation holds {MAX_ITEMS} items, the most a session keeps; "
-                                "delete some with conversation.item.delete", "item")
-        if sum(it.size() for it in self.items) + item.size() > MAX_CONVERSATION_CHARS:
-            raise ProtocolError("conversation_full", f"the conversation would exceed {MAX_CONVERSATION_CHARS} characters; "
-                                "delete some items with conversation.item.delete", "item")
+        self.check_room(item.size())
         if previous_item_id is None:
             prev = self.last_id()
             self.items.append(item)
@@ -151,6 +146,16 @@ class Conversation:
             raise ProtocolError("item_not_found", f"previous_item_id '{previous_item_id}' does not exist", "previous_item_id")
         self.items.insert(idx + 1, item)
         return previous_item_id
+
+    def check_room(self, chars: int = 0, items: int = 1) -> None:
+        """Raise ``conversation_full`` unless ``items`` more items holding ``chars`` characters fit. A response
+        checks before it starts, so a full conversation refuses it rather than failing it half-announced."""
+        if len(self.items) + items > MAX_ITEMS:
+            raise ProtocolError("conversation_full", f"the conversation holds {len(self.items)} items and keeps at most {MAX_ITEMS}; "
+                                "delete some with conversation.item.delete", "item")
+        if sum(it.size() for it in self.items) + chars > MAX_CONVERSATION_CHARS:
+            raise ProtocolError("conversation_full", f"the conversation would exceed {MAX_CONVERSATION_CHARS} characters; "
+                                "delete some items with conversation.item.delete", "item")
 
     def delete(self, item_id: Any) -> None:
         self.items.remove(self.get(item_id))

@@ -13,7 +13,7 @@ from omni_rt.audio import PIPELINE_OUTPUT_RATE
 from omni_rt.audio.formats import OutputEncoder
 from omni_rt.audio.pcm import pcm16_to_float
 from omni_rt.engine.answer_policy import response_answer_policy
-from omni_rt.realtime.errors import ProtocolError, error_event
+from omni_rt.realtime.errors import ProtocolError, error_event, failure_message
 from omni_rt.realtime.events import new_id
 from omni_rt.realtime.session_config import SessionConfig
 from omni_rt.session import commands as cmd
@@ -38,7 +38,10 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
     def _start_response(self, cfg: SessionConfig, held_user_text: str | None = None, metadata: dict[str, str] | None = None,
                         in_conversation: bool = True, input_items: list[Item] | None = None) -> Response:
         """Start an answer. With ``held_user_text`` it is prepared from a speculative transcript before the
-        turn has ended: nothing reaches the client or the history until ``_release``."""
+        turn has ended: nothing reaches the client or the history until ``_release``. A full conversation
+        refuses an answer before anything of it is sent (``conversation_full``): no half-announced response."""
+        if held_user_text is None and in_conversation:
+            self.conversation.check_room()
         item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress")
         resp = Response(id=new_id("resp"), item=item, modalities=list(cfg.output_modalities), output_format=cfg.output_format,
                         voice=cfg.voice, max_output_tokens=cfg.max_output_tokens, metadata=metadata,
@@ -110,13 +113,27 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
         self._finish(resp, ResponseState.DONE)
 
     def receive_failure(self, response_id: str, code: str, stage: str, message: str) -> None:
+        """The response failed in the pipeline: the client gets the code and a short message (the stage's own
+        message, which may name engine addresses or carry upstream bodies, goes to the log only)."""
         entry = self._responses.pop(response_id, None)
         if entry is None:
             return
-        resp = entry[0]
-        if resp.state is ResponseState.ACTIVE:
-            self._emit(resp, error_event(code, f"response failed in stage '{stage}': {message}", type_="server_error"))
+        self.log.info("response %s failed in stage %s (%s): %s", response_id, stage, code, message)
+        self._fail(entry[0], code, failure_message(code, stage))
+
+    def _fail(self, resp: Response, code: str, message: str) -> None:
+        """End ``resp`` as failed: an ``error`` event, then its done events and ``response.done`` (status
+        ``failed``); a held response keeps both until it is released or discarded."""
+        self._emit(resp, error_event(code, message, type_="server_error"))
         self._finish(resp, ResponseState.FAILED, code)
+
+    def _fail_running(self, resp: Response, exc: ProtocolError) -> None:
+        """The session cannot go on with a running answer (its output does not fit the conversation): stop it
+        in the pipeline and fail it."""
+        if self._responses.pop(resp.id, None) is not None:
+            self._commands.append(cmd.AbortResponse(resp.id))
+        self._observations.append((f"error.{exc.code}", 1))
+        self._fail(resp, exc.code, exc.message)
 
     def _send_audio(self, resp: Response, data: bytes, samples: int) -> None:
         if not data:
@@ -181,9 +198,8 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
             part = {"type": "text", "text": resp.text}
         self.send({"type": "response.content_part.done", **base, "part": part})
         self.send({"type": "response.output_item.done", "response_id": resp.id, "output_index": 0, "item": item.render()})
-        if resp.in_conversation:
-            self.send({"type": "conversation.item.done", "item": item.render(),
-                       "previous_item_id": self.conversation.previous_id(item.id) if item in self.conversation.items else None})
+        if resp.in_conversation and item in self.conversation.items:  # not for an item the client deleted meanwhile
+            self.send({"type": "conversation.item.done", "item": item.render(), "previous_item_id": self.conversation.previous_id(item.id)})
         for call in resp.calls.values():
             if call.status == "in_progress":  # cut off (cancelled, or the token limit): never reported as a whole call
                 call.status = "incomplete"

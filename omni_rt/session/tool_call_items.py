@@ -4,6 +4,7 @@ through ``ResponseLifecycle``."""
 
 from __future__ import annotations
 
+from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.events import new_id
 from omni_rt.session.conversation import Item
 from omni_rt.session.response import Response, ResponseState
@@ -17,9 +18,15 @@ class ToolCallItems:
         if item is None:
             item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress", type="function_call",
                         call_id=d.call_id, name=d.name)
+            prev = None
+            if resp.in_conversation and resp.state is ResponseState.ACTIVE:
+                try:
+                    prev = self.conversation.add(item)
+                except ProtocolError as exc:  # the conversation is full: the answer fails (never an unlisted item)
+                    self._fail_running(resp, exc)
+                    return
             resp.calls[d.index] = item
             resp.output.append(item)
-            prev = self.conversation.add(item) if resp.in_conversation and resp.state is ResponseState.ACTIVE else None
             self._emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": resp.output_index(item),
                               "item": item.render()})
             if resp.in_conversation:
@@ -33,7 +40,9 @@ class ToolCallItems:
         item = resp.calls.get(d.index)
         if item is None:
             self._on_call_delta(resp, c.ToolCallDelta(d.index, d.call_id, d.name, ""))
-            item = resp.calls[d.index]
+            item = resp.calls.get(d.index)
+            if item is None:  # the call did not fit the conversation: the answer failed
+                return
         item.arguments, item.status = d.arguments, "completed"
         self._emit(resp, {"type": "response.function_call_arguments.done", "response_id": resp.id, "item_id": item.id,
                           "output_index": resp.output_index(item), "call_id": item.call_id, "name": item.name,

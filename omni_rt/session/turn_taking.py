@@ -52,7 +52,11 @@ class TurnTaking:
             event_id = None
             if ev.code in ("input_audio_buffer_commit_empty", "input_audio_buffer_commit_busy") and self.turns.commit_event_ids:
                 event_id = self.turns.commit_event_ids.popleft()
-            self.send_error(ProtocolError(ev.code, ev.message), event_id)
+            message, type_ = ev.message, "invalid_request_error"
+            if ev.code == "stage_error":  # an unexpected failure in the stage: its text (an exception) is for the log
+                self.log.warning("audio input failed: %s", ev.message)
+                message, type_ = "the audio input could not be processed", "server_error"
+            self.send_error(ProtocolError(ev.code, message, type_=type_), event_id)
         elif isinstance(ev, c.SessionExpired):
             self.send_error(ProtocolError("session_expired", "session idle for too long; audio state was reset", type_="server_error"))
 
@@ -63,7 +67,11 @@ class TurnTaking:
         turn.mark_end()
         turn.committed = True
         item = Item(id=turn.item_id, role="user", content=[{"type": "input_audio", "transcript": None}], status="completed")
-        prev = self.conversation.add(item)
+        try:
+            prev = self.conversation.add(item)
+        except ProtocolError as exc:  # the conversation is full: this turn gets no item, hence no answer
+            self.send_error(exc)
+            return
         self.send({"type": "input_audio_buffer.committed", "item_id": item.id, "previous_item_id": prev})
         self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
 
@@ -109,7 +117,14 @@ class TurnTaking:
             self._discard(held)
             return
         self.cancel_active("turn_detected")
-        if held is not None and ev.speculative and held.spec_text == text.strip():
+        release = held is not None and ev.speculative and held.spec_text == text.strip()
+        try:  # a full conversation refuses the answer before anything of it is sent
+            self.conversation.check_room(items=1 + (len(held.calls) if release else 0))
+        except ProtocolError as exc:
+            self._discard(held)
+            self.send_error(exc)
+            return
+        if release:
             self._release(held, turn)
             return
         self._discard(held)

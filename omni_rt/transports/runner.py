@@ -144,6 +144,14 @@ class SessionRunner:
             self._pump()
         except asyncio.CancelledError:
             pass
+        except Exception:  # noqa: BLE001 - whatever broke, the answer still ends with one response.done
+            log.exception("response %s: unexpected error while relaying its output", response_id)
+            coord.abort(response_id)
+            self.session.receive_failure(response_id, "server_error", "session", "unexpected error (see the log)")
+            self._pump()
+        else:  # the stream ended: without a result (never expected) the answer still ends; else a no-op
+            self.session.receive_failure(response_id, "server_error", "coordinator", "the stream ended without a result")
+            self._pump()
         finally:
             self._tasks.pop(response_id, None)
 
