@@ -51,7 +51,7 @@ from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
 from omni_rt.engine.request import _num, parse_answer_policy, parse_request, parse_sampling
 from omni_rt.engine.segments import SegmentedRequests
 from omni_rt.engine.sequence import Sequence
-from omni_rt.engine.tools import ToolStream, detect_format, render_prompt
+from omni_rt.engine.tools import ToolStream, callable_tools, detect_format, render_prompt
 from omni_rt.engine.torch_engine import PrefillItem, TorchEngine
 from omni_rt.contracts.payloads import SpeechPrompt, TextDelta, TokenDelta
 
@@ -409,6 +409,8 @@ class ARScheduler(ThreadedScheduler):
         grammar = None
         if forces_call(req.tool_choice):
             grammar = self._grammars.for_tools(fmt, req.tools, req.tool_choice, bool(req.parallel_tool_calls))
+        elif (still := callable_tools(req.tools, req.tool_choice, req.messages)) is not None:
+            grammar = self._grammars.for_answer(fmt, still)  # an answered call is not made again (tools.py)
         return ToolStream(fmt, grammar)
 
     def _grammar_mask(self, rows: list[Sequence]):
