@@ -34,6 +34,7 @@ session still in flight skip storing its KV when it ends, so a dead session neve
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import time
@@ -367,6 +368,12 @@ class ARScheduler(ThreadedScheduler):
 
     def _make_sequence(self, rid: str, data: Any) -> Sequence:
         req = parse_request(data, self.default_max_tokens, self.sampling_defaults, self.default_policy)
+        if req.tools and forces_call(req.tool_choice):
+            # a forced call is JSON under a grammar, not a spoken answer: no repetition controls (as on llama.cpp).
+            # With the preset's repetition_penalty 1.2 SmolLM2 filled get_weather's city with '");' instead of
+            # the 'Lisbon' a tool output had just given; a no-repeat n-gram ban fights the call's fixed framing
+            req.sampling = dataclasses.replace(req.sampling, repetition_penalty=1.0, frequency_penalty=0.0,
+                                               presence_penalty=0.0, no_repeat_ngram_size=0)
         tok = self.tokenizer
         if req.messages is not None:
             req.messages = steer_messages(req.messages, self.languages)
