@@ -17,8 +17,11 @@ Only the response stage's model arguments change; the preset's sampling, answer 
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
 
@@ -77,6 +80,9 @@ def _gguf(spec: str) -> dict[str, Any]:
     if not template or not template.strip():
         raise ThinkerError(f"{where}: the model has no chat template (no tokenizer.chat_template in its GGUF "
                            "metadata); use the GGUF of an instruct/chat model")
+    if "tools" not in template:  # what the model cannot do is said at start-up (tools.detect_format's test)
+        log.info("%s: its chat template renders no tools; function tools go through omni-rt's own tool prompt "
+                 "(Hermes-style <tool_call> blocks), as for SmolLM2", where)
     resolved = str(path.resolve())
     return {"backend": "llama.cpp", "model": resolved, "tokenizer": resolved}
 
