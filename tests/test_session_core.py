@@ -190,6 +190,29 @@ def test_function_call_only_response_event_sequence() -> None:
     assert [o["type"] for o in done["output"]] == ["message"]
 
 
+def test_held_answer_that_calls_a_tool_joins_the_history_without_a_message() -> None:
+    s = opened()
+    s.receive_event({"type": "session.update", "session": {"type": "realtime", "tools": [
+        {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]}})
+    drain(s)
+    s.receive_asr(c.SpeechStarted(1, 0))
+    s.receive_asr(c.TranscriptSpeculative(1, "what time is it in Rome", 200.0))
+    rid = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse)).response_id
+    s.receive_output(rid, "text", c.ToolCallDelta(0, "call_0", "get_time", '{"city": "Rome"}'))
+    s.receive_output(rid, "text", c.ToolCallDone(0, "call_0", "get_time", '{"city": "Rome"}'))
+    s.receive_asr(c.SpeechStopped(1, 900))
+    s.receive_asr(c.Committed(1, "vad", 900))
+    s.receive_asr(c.TranscriptFinal(1, "what time is it in Rome", True, 0.0, 0.0, 900))
+    s.receive_result(rid, {})
+    events, _ = drain(s)
+    user = next(e for e in events if e["type"] == "input_audio_buffer.committed")["item_id"]
+    added = [e for e in events if e["type"] == "conversation.item.added" and e["item"]["id"] != user]
+    assert [(e["item"]["type"], e["previous_item_id"]) for e in added] == [("function_call", user)]
+    assert [it.type for it in s.conversation.items] == ["message", "function_call"]
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert [o["type"] for o in done["output"]] == ["function_call"]
+
+
 def test_transcription_session_transcribes_and_never_answers() -> None:
     s = RealtimeSession()
     s.open()
