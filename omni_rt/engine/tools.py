@@ -170,10 +170,11 @@ def callable_tools(tools: list[dict] | None, tool_choice: ToolChoice, messages: 
     message (``[]``: the answer is spoken). ``None`` when nothing is restricted (no tools, a forced or ``none``
     choice, or no tool output yet in this turn).
 
-    Why by name and not by (name, arguments): a small model whose call was answered calls the same tool again,
-    often with the arguments reworded ("Paris" -> "Paris, France"), so an exact-match rule would not end the
-    loop; the next step of a chain is another tool, which stays callable. A client that wants the same tool
-    again in this turn forces it (``required`` or a named choice is always honoured)."""
+    Why by name and not by (name, arguments): the rule is enforced by a grammar before the call is decoded, and
+    a grammar can leave out a tool but not one argument value; an exact-match rule would also let a re-call
+    with reworded arguments ("Paris, France") through. The cost: the same tool with other arguments in a later
+    response of the same turn needs a forcing choice (``required`` or a named choice is always honoured); in
+    one response, parallel calls of it are unaffected. The next step of a chain is another tool: callable."""
     if not tools or tool_choice != "auto":
         return None
     done = answered_tools(messages)
