@@ -560,3 +560,22 @@ def test_remote_auto_text_answer_passes_through(remote, smol):
     got, want = _run(remote, "ra2"), _run(smol, "la2")
     assert got["result"]["text"] == want["result"]["text"] == "".join(text_of(c) for c in got["stream"])
     assert got["result"]["text"] and "tool_calls" not in got["result"]
+
+
+def test_remote_engine_never_repeats_an_answered_call(remote):
+    """Through an OpenAI-compatible upstream (omni-rt's own, SmolLM2 behind it): the answered tool is not
+    offered to the upstream again (any upstream, not only one that applies the rule itself), and the answer is
+    spoken; with a second tool only that one is offered."""
+    from omni_rt.engine.remote import request_body
+    from omni_rt.engine.request import parse_request
+
+    assert "tools" not in request_body(parse_request({"messages": ANSWERED, "tools": [CITY]}, 40), "m")
+    both = request_body(parse_request({"messages": ANSWERED, "tools": [CITY, CLOCK]}, 40), "m")
+    assert [t["function"]["name"] for t in both["tools"]] == ["get_time"] and both["tool_choice"] == "auto"
+    forced = request_body(parse_request({"messages": ANSWERED, "tools": [CITY], "tool_choice": "required"}, 40), "m")
+    assert [t["function"]["name"] for t in forced["tools"]] == ["get_weather"]
+    send(remote, "r-spoken", {"messages": ANSWERED, "tools": [CITY], "tool_choice": "auto", "max_tokens": 40})
+    out = collect(remote, ["r-spoken"], timeout=120)["r-spoken"]
+    assert out["error"] is None, out["error"]
+    assert not _calls(out["stream"])[1] and "tool_calls" not in out["result"], out["result"]
+    _no_call_text(out["stream"])
