@@ -16,6 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--preset", default=None, help="cpu (default, offline) | gpu | path to a YAML/TOML pipeline")
+    serve.add_argument("--thinker", default=None, metavar="MODEL", help="the thinker instead of the preset's: a "
+                       ".gguf file, or http(s)://HOST:PORT/v1 of an OpenAI-compatible server (SGLang, vLLM, "
+                       "llama.cpp, Ollama); its key from OMNI_RT_THINKER_API_KEY")
     serve.add_argument("--api-key", default=None, help="require this bearer token (prefer OMNI_RT_API_KEY or "
                        "--api-key-file: argv is visible to other users)")
     serve.add_argument("--api-key-file", default=None, help="read the bearer token from this file")
@@ -52,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.api_key_file:
         overrides["api_key"] = open(args.api_key_file).read().strip()
     settings = ServerSettings(**overrides)
+    if settings.thinker:  # checked before anything loads: a wrong choice is one line, not a traceback
+        from omni_rt.engine.thinker_choice import ThinkerError, thinker_args
+
+        try:
+            thinker_args(settings.thinker, settings.thinker_api_key)
+        except ThinkerError as exc:
+            print(f"omni-rt: error: {exc}", file=sys.stderr)
+            return 2
     serve(settings, log_level=args.log_level)
     return 0
 

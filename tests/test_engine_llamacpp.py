@@ -17,6 +17,7 @@ import pytest
 
 from omni_rt.engine import llama_cpp
 from omni_rt.engine.factory import create_ar_scheduler
+from omni_rt.engine.request import parse_request
 from omni_rt.engine.testing import collect, send, wait_until
 
 SYSTEM = {"role": "system", "content": "You are a helpful voice assistant. Answer in one short sentence."}
@@ -146,6 +147,35 @@ def test_language_bias_reaches_llama_server(sched):
     finally:
         steered.stop()
     assert text.strip() and all(c.isascii() for c in text if c.isalpha()), text
+
+
+CITY = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CLOCK = {"type": "function", "name": "get_time", "description": "Current local time in a city.",
+         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+ANSWERED = _q("What is the weather in Paris?") + [
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "In Paris it is raining and 12 degrees."},
+]
+
+
+def test_answered_call_is_not_made_again(sched):
+    """The issue's flow on llama-server: after the tool's output, under auto, SmolLM2 called get_weather(Paris)
+    again on every response. Now the completion carries a GBNF grammar (spoken text, or a call of a tool
+    still callable): it speaks the output, and with a second tool offered it never repeats the answered one."""
+    spoken = _ask(sched, "spoken", ANSWERED, tools=[CITY], tool_choice="auto")
+    assert spoken["error"] is None, spoken["error"]
+    assert "tool_calls" not in spoken["result"], spoken["result"]
+    text = spoken["result"]["text"].lower()
+    assert any(w in text for w in ("rain", "12")) and "<" not in text, text
+    body = sched.request(parse_request({"messages": ANSWERED, "tools": [CITY]}, 48))[1]
+    assert body["grammar"].startswith("root ::= text\n")  # the call opener is masked upstream, not filtered after
+    chain = _ask(sched, "chain", ANSWERED, tools=[CITY, CLOCK], tool_choice="auto")
+    assert chain["error"] is None, chain["error"]
+    assert all(c["name"] != "get_weather" for c in chain["result"].get("tool_calls", [])), chain["result"]
+    forced = _ask(sched, "forced", ANSWERED, tools=[CITY], tool_choice="required")
+    assert [c["name"] for c in forced["result"]["tool_calls"]] == ["get_weather"]  # required is honoured
 
 
 def test_crash_mid_answer_fails_clearly_then_recovers(sched):

@@ -16,11 +16,13 @@ import pytest
 from openai.types.chat import ChatCompletionChunk
 
 from omni_rt.engine import weights
-from omni_rt.engine.constrained import call_grammar, closed
+from omni_rt.engine.constrained import GrammarFactory, answer_grammar, call_grammar, closed
 from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.openai_compat_server import ServerThread, create_app
 from omni_rt.engine.testing import build_tiny_model, collect, send, wait_until
-from omni_rt.engine.tools import ToolCallParser, detect_format, parse_tool_choice, render_prompt, validate_tools
+from omni_rt.engine.tools import (
+    ToolCallParser, answered_tools, callable_tools, detect_format, parse_tool_choice, render_prompt, validate_tools,
+)
 from omni_rt.contracts.payloads import ToolCallDelta, ToolCallDone, text_of
 
 WEATHER = {
@@ -345,6 +347,84 @@ def test_abort_during_a_streaming_call(smol):
     assert wait_until(lambda: smol.live_state() == 0)
 
 
+# ------------------------------------------------------------------ calls that end (no repeated call after its output)
+
+CITY = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CLOCK = {"type": "function", "name": "get_time", "description": "Current local time in a city.",
+         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+ANSWERED = [
+    {"role": "system", "content": "You are a helpful voice assistant. Answer in one short sentence."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "In Paris it is raining and 12 degrees."},
+]
+
+
+def test_callable_tools_counts_answered_calls_since_the_last_user_message():
+    assert answered_tools(ANSWERED) == {"get_weather"}
+    assert callable_tools([CITY, CLOCK], "auto", ANSWERED) == [CLOCK]
+    assert callable_tools([CITY], "auto", ANSWERED) == []
+    for forced in ("required", {"type": "function", "name": "get_weather"}, "none"):
+        assert callable_tools([CITY], forced, ANSWERED) is None  # the client's choice is honoured
+    assert callable_tools([CITY], "auto", ANSWERED[:3]) is None  # called, no output yet
+    new_turn = ANSWERED + [{"role": "assistant", "content": "It rains."}, {"role": "user", "content": "And in Rome?"}]
+    assert callable_tools([CITY], "auto", new_turn) is None  # a new user message: every tool is callable again
+    stray = ANSWERED[:2] + [{"role": "tool", "tool_call_id": "call_9", "content": "x"}]
+    assert answered_tools(stray) == set()  # an output of no call in this turn
+
+
+@pytest.mark.parametrize("fmt", ["own", "llama3"])
+def test_answer_grammar_speaks_or_calls_only_a_tool_still_callable(smol, fmt):
+    tok = smol.tokenizer
+    factory = GrammarFactory(tok, smol.engine.vocab_size, smol.eos_token_ids)
+    call = ('<tool_call>\n{{"name": "{}", "arguments": {{"city": "Paris"}}}}\n</tool_call>' if fmt == "own"
+            else '{{"name": "{}", "parameters": {{"city": "Paris"}}}}')
+
+    def accepts(callable_: list[dict], text: str) -> bool:
+        g = factory.for_answer(fmt, callable_)
+        ok = all(g.matcher.consume_token(t) for t in tok(text, add_special_tokens=False)["input_ids"])
+        return ok and g.matcher.is_accepting()
+
+    assert accepts([CLOCK], "In Paris it is raining.") and accepts([], "It is 12 degrees.")
+    assert accepts([CLOCK], call.format("get_time"))
+    assert not accepts([CLOCK], call.format("get_weather"))  # the answered tool is not called again
+    assert not accepts([], call.format("get_time")) and not accepts([], " <tool_call>")
+    assert not accepts([], "") and not accepts([], " ")  # an answer, not silence
+    assert "TEXT" in answer_grammar(fmt, []) and "call0" not in answer_grammar(fmt, [])
+
+
+def test_smollm2_answers_from_the_output_instead_of_calling_again(smol):
+    """The issue's flow on the built-in engine: the tool's output is in, tool_choice is auto. Before, SmolLM2
+    called get_weather(Paris) again on every response; now it speaks, using the output; with a second tool
+    offered the answered one is still not called (the other may be: the chain's next step)."""
+    send(smol, "spoken", {"messages": ANSWERED, "tools": [CITY], "tool_choice": "auto", "max_tokens": 40})
+    send(smol, "chain", {"messages": ANSWERED, "tools": [CITY, CLOCK], "tool_choice": "auto", "max_tokens": 40})
+    send(smol, "forced", {"messages": ANSWERED, "tools": [CITY], "tool_choice": "required", "max_tokens": 40})
+    out = collect(smol, ["spoken", "chain", "forced"], timeout=180)
+    spoken = out["spoken"]
+    assert spoken["error"] is None and not _calls(spoken["stream"])[1], spoken["result"]
+    said = "".join(text_of(c) for c in spoken["stream"]).lower()
+    assert any(w in said for w in ("rain", "12")), said  # the answer uses the tool's output
+    _no_call_text(spoken["stream"])
+    assert all(d["name"] != "get_weather" for d in _calls(out["chain"]["stream"])[1]), out["chain"]["result"]
+    assert [d["name"] for d in _calls(out["forced"]["stream"])[1]] == ["get_weather"]  # required is honoured
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_random_tiny_models_never_repeat_an_answered_call(tiny, arch):
+    """Hermes (Qwen2.5 template) and llama3 (Llama 3.1 template) formats: a random model under auto with the
+    only tool answered produces text, never a call."""
+    sched = tiny[arch]
+    send(sched, arch, {"messages": ANSWERED, "tools": [CITY], "tool_choice": "auto", "max_tokens": 12})
+    out = _run(sched, arch)
+    assert not _calls(out["stream"])[1] and "tool_calls" not in out["result"]
+    assert not any(isinstance(c, ToolCallDelta) for c in out["stream"])
+    text = sched.tokenizer.decode(out["result"]["token_ids"], skip_special_tokens=True)
+    assert text.strip() and "<" not in text and not text.lstrip().startswith("{"), text
+
+
 # ------------------------------------------------------------------ other templates, random weights
 
 
@@ -480,3 +560,22 @@ def test_remote_auto_text_answer_passes_through(remote, smol):
     got, want = _run(remote, "ra2"), _run(smol, "la2")
     assert got["result"]["text"] == want["result"]["text"] == "".join(text_of(c) for c in got["stream"])
     assert got["result"]["text"] and "tool_calls" not in got["result"]
+
+
+def test_remote_engine_never_repeats_an_answered_call(remote):
+    """Through an OpenAI-compatible upstream (omni-rt's own, SmolLM2 behind it): the answered tool is not
+    offered to the upstream again (any upstream, not only one that applies the rule itself), and the answer is
+    spoken; with a second tool only that one is offered."""
+    from omni_rt.engine.remote import request_body
+    from omni_rt.engine.request import parse_request
+
+    assert "tools" not in request_body(parse_request({"messages": ANSWERED, "tools": [CITY]}, 40), "m")
+    both = request_body(parse_request({"messages": ANSWERED, "tools": [CITY, CLOCK]}, 40), "m")
+    assert [t["function"]["name"] for t in both["tools"]] == ["get_time"] and both["tool_choice"] == "auto"
+    forced = request_body(parse_request({"messages": ANSWERED, "tools": [CITY], "tool_choice": "required"}, 40), "m")
+    assert [t["function"]["name"] for t in forced["tools"]] == ["get_weather"]
+    send(remote, "r-spoken", {"messages": ANSWERED, "tools": [CITY], "tool_choice": "auto", "max_tokens": 40})
+    out = collect(remote, ["r-spoken"], timeout=120)["r-spoken"]
+    assert out["error"] is None, out["error"]
+    assert not _calls(out["stream"])[1] and "tool_calls" not in out["result"], out["result"]
+    _no_call_text(out["stream"])

@@ -82,3 +82,66 @@ def test_wheel_serves_page_health_and_session(installed, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _text_turn(port: int) -> str:
+    with websockets.sync.client.connect(f"ws://127.0.0.1:{port}/v1/realtime", open_timeout=30) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}}))
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                            "content": [{"type": "input_text", "text": "What is the capital of France?"}]}}))
+        ws.send(json.dumps({"type": "response.create"}))
+        while (event := json.loads(ws.recv(timeout=120)))["type"] != "response.done":
+            assert event["type"] != "error", event
+    assert event["response"]["status"] == "completed", event
+    return " ".join(c.get("text", "") for o in event["response"]["output"] for c in o.get("content", []))
+
+
+def _serve_installed_turn(installed: Path, tmp_path: Path, *args: str) -> str:
+    port = free_port()
+    log_path = tmp_path / f"serve-{port}.log"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([str(installed / "bin" / "omni-rt"), "serve", "--port", str(port), *args], cwd=tmp_path,
+                                stdout=log, stderr=subprocess.STDOUT, env={**env, "HF_HUB_OFFLINE": "1"})
+    try:
+        deadline = time.time() + 240
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-4000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, log_path.read_text()[-4000:]
+            time.sleep(0.5)
+        return _text_turn(port)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_wheel_serves_any_gguf_or_openai_server_as_the_thinker(installed, tmp_path):
+    """``--thinker`` from the fresh venv: a wrong path is one line and exit 2; a GGUF at another path and a
+    llama-server on 127.0.0.1 (the one scripts/install.sh builds) each answer a turn."""
+    from omni_rt.engine import llama_cpp
+    from omni_rt.engine.weights import smollm2_gguf_path
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    missing = tmp_path / "nope.gguf"
+    proc = subprocess.run([str(installed / "bin" / "omni-rt"), "serve", "--thinker", str(missing)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"omni-rt: error: --thinker {missing}: no such file"], proc
+    binary = llama_cpp.locate_binary()
+    if binary is None:
+        pytest.skip("llama-server is not built here (scripts/install.sh builds it)")
+    model = tmp_path / "my-thinker.gguf"
+    model.symlink_to(smollm2_gguf_path())
+    assert "paris" in _serve_installed_turn(installed, tmp_path, "--thinker", str(model)).lower()
+    upstream = llama_cpp.LlamaServer(binary, smollm2_gguf_path(), threads=1, parallel=2, ctx_size=2048,
+                                     cache_ram_mib=0, log_path=tmp_path / "upstream.log")
+    upstream.start()
+    try:
+        assert "paris" in _serve_installed_turn(installed, tmp_path, "--thinker", f"{upstream.base_url}/v1").lower()
+    finally:
+        upstream.stop()

@@ -138,7 +138,12 @@ def test_parallel_tool_calls_become_function_call_items() -> None:
     calls = [o for o in done["output"] if o["type"] == "function_call"]
     assert [(o["call_id"], o["arguments"]) for o in calls] == [("call_0", '{"city": "Paris"}'), ("call_1", '{"city": "Rome"}')]
     arg_done = [e for e in events if e["type"] == "response.function_call_arguments.done"]
-    assert [e["output_index"] for e in arg_done] == [1, 2]
+    assert [e["output_index"] for e in arg_done] == [0, 1]
+    # a response that only calls tools carries no (empty) assistant message item
+    assert [o["type"] for o in done["output"]] == ["function_call", "function_call"]
+    assert not [e for e in events if e["type"].startswith(("response.content_part", "response.output_audio"))]
+    added = [e["item"]["type"] for e in events if e["type"] in ("response.output_item.added", "conversation.item.added")]
+    assert added == ["function_call"] * 4, added
     # the history the next answer sees: one assistant message with both calls, then each output
     for i, out in enumerate(("09:00", "10:00")):
         s.receive_event({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": f"call_{i}", "output": out}})
@@ -146,6 +151,66 @@ def test_parallel_tool_calls_become_function_call_items() -> None:
     start = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse))
     msgs = start.payload["messages"]
     assert [m["role"] for m in msgs[-3:]] == ["assistant", "tool", "tool"] and len(msgs[-3]["tool_calls"]) == 2
+
+
+def test_function_call_only_response_event_sequence() -> None:
+    """The GA sequence of a response that only calls a tool, and of one that speaks after a call: the message
+    item is announced with its first text, at the output index after the call."""
+    s = opened()
+    s.receive_event({"type": "session.update", "session": {"type": "realtime", "tools": [
+        {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]}})
+    s.receive_event({"type": "response.create"})
+    rid = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse)).response_id
+    s.receive_output(rid, "text", c.ToolCallDelta(0, "call_0", "get_time", '{"city": "Paris"}'))
+    s.receive_output(rid, "text", c.ToolCallDone(0, "call_0", "get_time", '{"city": "Paris"}'))
+    s.receive_result(rid, {"prompt_tokens": 5, "completion_tokens": 9})
+    events, _ = drain(s)
+    assert [e["type"] for e in events] == [  # (response.created went out with the response.create)
+        "response.output_item.added", "conversation.item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "conversation.item.done", "response.done"]
+    s.receive_event({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "call_0", "output": "09:00"}})
+    s.receive_event({"type": "response.create"})
+    rid = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse)).response_id
+    s.receive_output(rid, "text", c.ToolCallDelta(0, "call_1", "get_time", '{"city": "Rome"}'))
+    s.receive_output(rid, "text", c.ToolCallDone(0, "call_1", "get_time", '{"city": "Rome"}'))
+    s.receive_output(rid, "text", c.TextDelta("It is nine.", []))
+    s.receive_result(rid, {})
+    events, _ = drain(s)
+    message = [e for e in events if e.get("item_id") and e["type"].startswith("response.output_audio")]
+    assert message and {e["output_index"] for e in message} == {1}
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert [o["type"] for o in done["output"]] == ["function_call", "message"]
+    assert done["output"][1]["content"][0]["transcript"] == "It is nine."
+    # an answer with nothing in it (no text, no call) still has its message item, as before
+    s.receive_event({"type": "response.create"})
+    rid = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse)).response_id
+    s.receive_result(rid, {})
+    done = next(e for e in drain(s)[0] if e["type"] == "response.done")["response"]
+    assert [o["type"] for o in done["output"]] == ["message"]
+
+
+def test_held_answer_that_calls_a_tool_joins_the_history_without_a_message() -> None:
+    s = opened()
+    s.receive_event({"type": "session.update", "session": {"type": "realtime", "tools": [
+        {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]}})
+    drain(s)
+    s.receive_asr(c.SpeechStarted(1, 0))
+    s.receive_asr(c.TranscriptSpeculative(1, "what time is it in Rome", 200.0))
+    rid = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse)).response_id
+    s.receive_output(rid, "text", c.ToolCallDelta(0, "call_0", "get_time", '{"city": "Rome"}'))
+    s.receive_output(rid, "text", c.ToolCallDone(0, "call_0", "get_time", '{"city": "Rome"}'))
+    s.receive_asr(c.SpeechStopped(1, 900))
+    s.receive_asr(c.Committed(1, "vad", 900))
+    s.receive_asr(c.TranscriptFinal(1, "what time is it in Rome", True, 0.0, 0.0, 900))
+    s.receive_result(rid, {})
+    events, _ = drain(s)
+    user = next(e for e in events if e["type"] == "input_audio_buffer.committed")["item_id"]
+    added = [e for e in events if e["type"] == "conversation.item.added" and e["item"]["id"] != user]
+    assert [(e["item"]["type"], e["previous_item_id"]) for e in added] == [("function_call", user)]
+    assert [it.type for it in s.conversation.items] == ["message", "function_call"]
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert [o["type"] for o in done["output"]] == ["function_call"]
 
 
 def test_transcription_session_transcribes_and_never_answers() -> None:

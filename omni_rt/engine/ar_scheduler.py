@@ -34,6 +34,7 @@ session still in flight skip storing its KV when it ends, so a dead session neve
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import time
@@ -51,7 +52,7 @@ from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
 from omni_rt.engine.request import _num, parse_answer_policy, parse_request, parse_sampling
 from omni_rt.engine.segments import SegmentedRequests
 from omni_rt.engine.sequence import Sequence
-from omni_rt.engine.tools import ToolStream, detect_format, render_prompt
+from omni_rt.engine.tools import ToolStream, callable_tools, detect_format, render_prompt
 from omni_rt.engine.torch_engine import PrefillItem, TorchEngine
 from omni_rt.contracts.payloads import SpeechPrompt, TextDelta, TokenDelta
 
@@ -367,6 +368,12 @@ class ARScheduler(ThreadedScheduler):
 
     def _make_sequence(self, rid: str, data: Any) -> Sequence:
         req = parse_request(data, self.default_max_tokens, self.sampling_defaults, self.default_policy)
+        if req.tools and forces_call(req.tool_choice):
+            # a forced call is JSON under a grammar, not a spoken answer: no repetition controls (as on llama.cpp).
+            # With the preset's repetition_penalty 1.2 SmolLM2 filled get_weather's city with '");' instead of
+            # the 'Lisbon' a tool output had just given; a no-repeat n-gram ban fights the call's fixed framing
+            req.sampling = dataclasses.replace(req.sampling, repetition_penalty=1.0, frequency_penalty=0.0,
+                                               presence_penalty=0.0, no_repeat_ngram_size=0)
         tok = self.tokenizer
         if req.messages is not None:
             req.messages = steer_messages(req.messages, self.languages)
@@ -409,6 +416,8 @@ class ARScheduler(ThreadedScheduler):
         grammar = None
         if forces_call(req.tool_choice):
             grammar = self._grammars.for_tools(fmt, req.tools, req.tool_choice, bool(req.parallel_tool_calls))
+        elif (still := callable_tools(req.tools, req.tool_choice, req.messages)) is not None:
+            grammar = self._grammars.for_answer(fmt, still)  # an answered call is not made again (tools.py)
         return ToolStream(fmt, grammar)
 
     def _grammar_mask(self, rows: list[Sequence]):

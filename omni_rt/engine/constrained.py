@@ -89,15 +89,10 @@ def forced_tools(tools: list[dict], tool_choice: Any) -> list[dict]:
     return tools
 
 
-def call_grammar(fmt: str, tools: list[dict], tool_choice: Any, parallel: bool = False) -> str:
-    """A Lark grammar for the whole answer: one call (of the named function, or of any tool for
-    ``required``), or with ``parallel`` (``required`` only) 1..8 calls. One by default: a greedy small model
-    after its first call keeps repeating it until the token limit.
-
-    ``fmt`` is the parser format (``hermes``/``own`` blocks, ``llama3`` bare JSON objects); names go first so
-    the parser can stream the arguments.
-    """
-    tools = forced_tools(tools, tool_choice)
+def _call_rules(fmt: str, tools: list[dict]) -> tuple[str, list[str]]:
+    """The alternatives (``call0 | call1 ...``) and rules of one call of any of ``tools``, names first so the
+    parser can stream the arguments; ``fmt`` is the parser format (``hermes``/``own`` blocks, ``llama3`` bare
+    JSON objects)."""
     key = "parameters" if fmt == "llama3" else "arguments"
     rules = []
     for i, t in enumerate(tools):
@@ -110,8 +105,16 @@ def call_grammar(fmt: str, tools: list[dict], tool_choice: Any, parallel: bool =
             open_, close = _lit("<tool_call>\n" + head), _lit("}\n</tool_call>")
             rules.append(f"call{i}: {open_} args{i} {close}")
         rules.append(f"args{i}: %json {json.dumps(schema)}")
+    return " | ".join(f"call{i}" for i in range(len(tools))), rules
+
+
+def call_grammar(fmt: str, tools: list[dict], tool_choice: Any, parallel: bool = False) -> str:
+    """A Lark grammar for the whole answer: one call (of the named function, or of any tool for
+    ``required``), or with ``parallel`` (``required`` only) 1..8 calls. One by default: a greedy small model
+    after its first call keeps repeating it until the token limit."""
+    tools = forced_tools(tools, tool_choice)
+    alts, rules = _call_rules(fmt, tools)
     sep = _lit(";\n" if fmt == "llama3" else "\n")
-    alts = " | ".join(f"call{i}" for i in range(len(tools)))
     if isinstance(tool_choice, dict):
         start = "start: call0"
     elif not parallel:
@@ -119,6 +122,20 @@ def call_grammar(fmt: str, tools: list[dict], tool_choice: Any, parallel: bool =
     else:
         start = f"start: call ({sep} call){{0,{MAX_PARALLEL_CALLS - 1}}}\ncall: {alts}"
     return "\n".join([start, *rules]) + "\n"
+
+
+# A spoken answer: no call markup anywhere ("<" opens a hermes block), and it starts with a word, not with
+# whitespace (then end-of-sequence would leave nothing to say) or "{"/";" (how a llama3 call starts).
+SPOKEN_TEXT = r"/[^\s<{;][^<]*/"
+
+
+def answer_grammar(fmt: str, tools: list[dict]) -> str:
+    """``auto`` once a tool's output is in (``tools.callable_tools``): the answer is spoken text, or one call
+    of a tool still callable. With none left this masks the call opener: the answer is what the user hears."""
+    if not tools:
+        return f"start: TEXT\nTEXT: {SPOKEN_TEXT}\n"
+    alts, rules = _call_rules(fmt, tools)
+    return "\n".join([f"start: TEXT | {alts}", *rules, f"TEXT: {SPOKEN_TEXT}"]) + "\n"
 
 
 class GrammarFactory:
@@ -153,6 +170,9 @@ class GrammarFactory:
 
     def for_tools(self, fmt: str, tools: list[dict], tool_choice: Any, parallel: bool = False) -> "Grammar":
         return Grammar(self._tokenizer(), call_grammar(fmt, tools, tool_choice, parallel), self.eos)
+
+    def for_answer(self, fmt: str, callable_tools: list[dict]) -> "Grammar":
+        return Grammar(self._tokenizer(), answer_grammar(fmt, callable_tools), self.eos)
 
 
 class Grammar:

@@ -403,6 +403,27 @@ def language_logit_bias(tokenizer: Any, languages: tuple[str, ...]) -> list[list
     return [[i, False if bias[i] == float("-inf") else round(float(bias[i]), 3)] for i in ids]
 
 
+def answer_gbnf(still: list[dict]) -> str:
+    """``auto`` once a tool's output is in (``tools.callable_tools``), as llama.cpp GBNF: the built-in
+    engine's ``constrained.answer_grammar`` — spoken text without call markup, or one call (own format)
+    of a tool still callable, its arguments any JSON object — so the same answered call is not made again."""
+    text = r'text ::= [^<{; \t\n\r] [^<]*'
+    if not still:
+        return f"root ::= text\n{text}\n"
+    names = " | ".join(json.dumps(t["name"]) for t in still)
+    return "\n".join([
+        "root ::= text | call", text,
+        r'call ::= "<tool_call>\n{\"name\": \"" name "\", \"arguments\": " object "}\n</tool_call>"',
+        f"name ::= {names}",
+        r'object ::= "{" ws ( string ":" ws value ( "," ws string ":" ws value )* )? "}"',
+        r'value ::= object | array | string | number | "true" | "false" | "null"',
+        r'array ::= "[" ws ( value ( "," ws value )* )? "]"',
+        r'string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] ) )* "\""',
+        r'number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?',
+        'ws ::= " "?',
+    ]) + "\n"
+
+
 def _make_scheduler_class():
     # imported lazily: keeps ``python -m omni_rt.engine.llama_cpp build`` free of httpx/engine imports
     import asyncio
@@ -413,7 +434,7 @@ def _make_scheduler_class():
     from omni_rt.engine.constrained import closed, forced_tools, forces_call
     from omni_rt.engine.remote import RemoteScheduler, request_body
     from omni_rt.engine.request import GenRequest
-    from omni_rt.engine.tools import detect_format, render_prompt
+    from omni_rt.engine.tools import callable_tools, detect_format, render_prompt
 
     TOOL_OPEN, TOOL_CLOSE = "<tool_call>\n", "\n</tool_call>"  # the own tool format (omni_rt.engine.tools)
     FORCED_CALL_MAX_TOKENS = 384
@@ -481,6 +502,8 @@ def _make_scheduler_class():
                 body["json_schema"] = forced  # llama-server decodes under the grammar it compiles from this
                 # a call's JSON is not a spoken answer: give it room (a cut call is no call at all)
                 body["max_tokens"] = max(body["max_tokens"], FORCED_CALL_MAX_TOKENS)
+            elif (still := callable_tools(req.tools, req.tool_choice, req.messages)) is not None:
+                body["grammar"] = answer_gbnf(still)
             return "/completions", body
 
         async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:

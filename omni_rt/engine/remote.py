@@ -19,7 +19,7 @@ import httpx
 
 from omni_rt.engine.async_stream import AsyncStreamScheduler, Delta, UpstreamError
 from omni_rt.engine.request import GenRequest, SamplingParams
-from omni_rt.engine.tools import chat_tools
+from omni_rt.engine.tools import callable_tools, chat_tools
 
 _RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError, httpx.ReadError)
 
@@ -81,8 +81,12 @@ def request_body(req: GenRequest, model: str, dialect: Dialect = "openai") -> di
         body["user"] = req.session_id  # omni-rt's server keys prefix reuse on it; others ignore it
     if req.output == "tokens":
         body["return_token_ids"] = True
-    if req.tools and req.tool_choice != "none":  # "none": no tools offered at all, as the built-in engine does
-        body["tools"] = chat_tools(req.tools)
+    # "none": no tools offered at all, as the built-in engine does; under "auto" a tool whose call this turn
+    # already has its output is not offered again (tools.callable_tools), so the answer after it is spoken
+    still = callable_tools(req.tools, req.tool_choice, req.messages)
+    offered = req.tools if still is None else still
+    if offered and req.tool_choice != "none":
+        body["tools"] = chat_tools(offered)
         choice = req.tool_choice
         if isinstance(choice, dict):
             choice = {"type": "function", "function": {"name": choice["name"]}}

@@ -147,6 +147,42 @@ def check_message(m: Any, i: int) -> dict[str, Any]:
     return {"role": role, "content": content}
 
 
+# ------------------------------------------------------------------ calls that end
+
+
+def answered_tools(messages: list[dict] | None) -> set[str]:
+    """Names of the tools called since the last user message whose output the conversation already holds."""
+    called: dict[str, str] = {}  # call id -> tool name
+    answered: set[str] = set()
+    for m in messages or ():
+        if m.get("role") == "user":
+            called.clear()
+            answered.clear()
+        for c in m.get("tool_calls") or ():
+            called[c.get("id", "")] = c["function"]["name"]
+        if m.get("role") == "tool" and m.get("tool_call_id") in called:
+            answered.add(called[m["tool_call_id"]])
+    return answered
+
+
+def callable_tools(tools: list[dict] | None, tool_choice: ToolChoice, messages: list[dict] | None) -> list[dict] | None:
+    """Under ``auto``, the tools the answer may still call: those without an answered call since the last user
+    message (``[]``: the answer is spoken). ``None`` when nothing is restricted (no tools, a forced or ``none``
+    choice, or no tool output yet in this turn).
+
+    Why by name and not by (name, arguments): the rule is enforced by a grammar before the call is decoded, and
+    a grammar can leave out a tool but not one argument value; an exact-match rule would also let a re-call
+    with reworded arguments ("Paris, France") through. The cost: the same tool with other arguments in a later
+    response of the same turn needs a forcing choice (``required`` or a named choice is always honoured); in
+    one response, parallel calls of it are unaffected. The next step of a chain is another tool: callable."""
+    if not tools or tool_choice != "auto":
+        return None
+    done = answered_tools(messages)
+    if not done:
+        return None
+    return [t for t in tools if t["name"] not in done]
+
+
 # ------------------------------------------------------------------ rendering
 
 

@@ -29,6 +29,11 @@ class Runtime:
         if audio_in is not None and config is None:  # the session stage's limits follow the server's
             self.config.stage(audio_in).args.update(max_sessions=settings.max_sessions,
                                                     max_buffered_bytes=int(settings.max_buffered_audio_s * PIPELINE_INPUT_RATE * 2))
+        if settings.thinker and config is None:  # --thinker: any GGUF or OpenAI-compatible server
+            from omni_rt.engine.thinker_choice import apply_thinker
+
+            stage = apply_thinker(self.config, settings.thinker, settings.thinker_api_key)
+            log.info("thinker (stage %s): %s", stage, settings.thinker)
         if settings.random_weights:  # offline benchmarking: no hub weights (omni_rt.engine.random_init)
             from omni_rt.engine.random_init import apply_random_weights
 

@@ -27,13 +27,11 @@ class HeldAnswers:
         """The turn ended as speculated: the held answer joins the history and its events go out now."""
         resp.state = ResponseState.ACTIVE
         resp.turn_end = turn.end_at or time.perf_counter()
-        prev = self.conversation.add(resp.item)
-        for call in resp.calls.values():
-            self.conversation.add(call)
+        prev = {it.id: self.conversation.add(it) for it in resp.output}  # the items announced while held
         self.response = resp
         for ev in resp.held_events:
             if ev["type"] in ("conversation.item.added", "conversation.item.done"):
-                ev["previous_item_id"] = prev
+                ev["previous_item_id"] = prev.get(ev["item"]["id"])
             if ev["type"] == "response.output_audio.delta" and resp.first_audio is None:
                 self._first_audio(resp)
             self.send(ev)

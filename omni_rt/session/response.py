@@ -59,10 +59,15 @@ class Response:
     spec_text: str = ""  # the speculative transcript a held response answers
     pending_final: tuple[ResponseState, str | None] | None = None  # finished while still held
     calls: dict[int, Item] = field(default_factory=dict)  # function_call items by the engine's call index
-    output: list[Item] = field(default_factory=list)  # output items after the message, in order
+    output: list[Item] = field(default_factory=list)  # output items in the order they were announced
 
     def output_index(self, item: Item) -> int:
-        return 0 if item is self.item else 1 + self.output.index(item)
+        return self.output.index(item)
+
+    @property
+    def message_open(self) -> bool:
+        """Whether the assistant message item was announced (a response that only calls tools has none)."""
+        return self.item in self.output
 
     @property
     def speaks(self) -> bool:
@@ -90,7 +95,7 @@ class Response:
             "id": self.id, "object": "realtime.response", "status": status,
             "conversation_id": conversation_id if self.in_conversation else None,
             "output_modalities": list(self.modalities),
-            "output": [self.item.render(), *(it.render() for it in self.output)] if status != "in_progress" else [],
+            "output": [it.render() for it in self.output] if status != "in_progress" else [],
             "audio": {"output": {"format": {"type": self.output_format,
                                             **({"rate": FORMAT_RATES[self.output_format]} if self.output_format == "audio/pcm" else {})},
                                  "voice": self.voice}},

@@ -64,17 +64,26 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
             payload["tools"] = [dict(t) for t in cfg.tools]
             payload["tool_choice"] = cfg.tool_choice
         self._emit(resp, {"type": "response.created", "response": resp.render(self.id)})
-        prev = self.conversation.add(item) if resp.state is ResponseState.ACTIVE and in_conversation else None
-        self._emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": 0, "item": item.render()})
-        if in_conversation:
-            self._emit(resp, {"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
-        part = {"type": "audio", "transcript": ""} if resp.speaks else {"type": "text", "text": ""}
-        self._emit(resp, {"type": "response.content_part.added", "response_id": resp.id, "item_id": item.id, "output_index": 0,
-                          "content_index": 0, "part": part})
         encoder = OutputEncoder(resp.output_format, source_rate=PIPELINE_OUTPUT_RATE) if resp.output_format != "audio/pcm" else None
         self._responses[resp.id] = (resp, encoder)
         self._commands.append(cmd.StartResponse(resp.id, payload))
         return resp
+
+    def _open_message(self, resp: Response) -> int:
+        """Announce the assistant message item when its first text or audio arrives (or, with no tool call, when
+        the response ends), so a response that only calls tools carries no empty message. Its output index."""
+        item = resp.item
+        if not resp.message_open:
+            resp.output.append(item)
+            idx = resp.output_index(item)
+            prev = self.conversation.add(item) if resp.state is ResponseState.ACTIVE and resp.in_conversation else None
+            self._emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": idx, "item": item.render()})
+            if resp.in_conversation:
+                self._emit(resp, {"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
+            part = {"type": "audio", "transcript": ""} if resp.speaks else {"type": "text", "text": ""}
+            self._emit(resp, {"type": "response.content_part.added", "response_id": resp.id, "item_id": item.id,
+                              "output_index": idx, "content_index": 0, "part": part})
+        return resp.output_index(item)
 
     def receive_output(self, response_id: str, role: str, data: Any) -> None:
         """A stream chunk of a running response, by the role of the stage that produced it."""
@@ -85,9 +94,10 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
         if role == "text" and isinstance(data, c.TextDelta) and data.text:
             if not resp.text:
                 self._observations.append(("thinker_first_token", time.perf_counter() - resp.started))
+            idx = self._open_message(resp)
             resp.text += data.text
             kind = "response.output_audio_transcript.delta" if resp.speaks else "response.output_text.delta"
-            self._emit(resp, {"type": kind, "response_id": resp.id, "item_id": resp.item.id, "output_index": 0,
+            self._emit(resp, {"type": kind, "response_id": resp.id, "item_id": resp.item.id, "output_index": idx,
                               "content_index": 0, "delta": data.text})
         elif role == "text" and isinstance(data, c.ToolCallDelta):
             self._on_call_delta(resp, data)
@@ -140,8 +150,9 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
             return
         if resp.first_audio is None and resp.state is ResponseState.ACTIVE:
             self._first_audio(resp)
+        idx = self._open_message(resp)
         resp.item.audio_ms += int(samples * 1000 / PIPELINE_OUTPUT_RATE) if samples else 0
-        self._emit(resp, {"type": "response.output_audio.delta", "response_id": resp.id, "item_id": resp.item.id, "output_index": 0,
+        self._emit(resp, {"type": "response.output_audio.delta", "response_id": resp.id, "item_id": resp.item.id, "output_index": idx,
                           "content_index": 0, "delta": base64.b64encode(data).decode("ascii")})
 
     def _first_audio(self, resp: Response) -> None:
@@ -174,6 +185,8 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
         if resp.state is ResponseState.HELD:
             resp.pending_final = (state, reason)
             return
+        if not resp.calls:  # an answer without a call keeps its message item, even empty
+            self._open_message(resp)
         if self.response is resp:
             self.response = None
         resp.transition(state, reason)
@@ -181,25 +194,8 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
             ttfa = resp.ttfa_ms()
             self.log.info("response %s %s (%s)%s", resp.id, state.value, reason,
                           f", first audio after {ttfa:.0f} ms" if ttfa is not None else "")
-        item = resp.item
-        if resp.speaks:
-            heard = item.content[0]["transcript"] if item.content else None  # set by truncate
-            item.content = [{"type": "output_audio", "transcript": heard if heard is not None else resp.text}]
-        else:
-            item.content = [{"type": "output_text", "text": resp.text}]
-        item.status = "completed" if state is ResponseState.DONE else "incomplete"
-        base = {"response_id": resp.id, "item_id": item.id, "output_index": 0, "content_index": 0}
-        if resp.speaks:
-            self.send({"type": "response.output_audio.done", **base})
-            self.send({"type": "response.output_audio_transcript.done", **base, "transcript": resp.text})
-            part = {"type": "audio", "transcript": resp.text}
-        else:
-            self.send({"type": "response.output_text.done", **base, "text": resp.text})
-            part = {"type": "text", "text": resp.text}
-        self.send({"type": "response.content_part.done", **base, "part": part})
-        self.send({"type": "response.output_item.done", "response_id": resp.id, "output_index": 0, "item": item.render()})
-        if resp.in_conversation and item in self.conversation.items:  # not for an item the client deleted meanwhile
-            self.send({"type": "conversation.item.done", "item": item.render(), "previous_item_id": self.conversation.previous_id(item.id)})
+        if resp.message_open:
+            self._message_done(resp, state)
         for call in resp.calls.values():
             if call.status == "in_progress":  # cut off (cancelled, or the token limit): never reported as a whole call
                 call.status = "incomplete"
@@ -209,3 +205,24 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
         if self.config.turn_detection is not None and self.config.turn_detection.idle_timeout_ms:  # the idle clock restarts after its playback
             self._commands.append(cmd.ControlAudioIn("response_done", {"audio_ms": resp.item.audio_ms}))
 
+    def _message_done(self, resp: Response, state: ResponseState) -> None:
+        """The done events of the response's message item."""
+        item = resp.item
+        if resp.speaks:
+            heard = item.content[0]["transcript"] if item.content else None  # set by truncate
+            item.content = [{"type": "output_audio", "transcript": heard if heard is not None else resp.text}]
+        else:
+            item.content = [{"type": "output_text", "text": resp.text}]
+        item.status = "completed" if state is ResponseState.DONE else "incomplete"
+        base = {"response_id": resp.id, "item_id": item.id, "output_index": resp.output_index(item), "content_index": 0}
+        if resp.speaks:
+            self.send({"type": "response.output_audio.done", **base})
+            self.send({"type": "response.output_audio_transcript.done", **base, "transcript": resp.text})
+            part = {"type": "audio", "transcript": resp.text}
+        else:
+            self.send({"type": "response.output_text.done", **base, "text": resp.text})
+            part = {"type": "text", "text": resp.text}
+        self.send({"type": "response.content_part.done", **base, "part": part})
+        self.send({"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(item), "item": item.render()})
+        if resp.in_conversation and item in self.conversation.items:  # not for an item the client deleted meanwhile
+            self.send({"type": "conversation.item.done", "item": item.render(), "previous_item_id": self.conversation.previous_id(item.id)})

@@ -1,0 +1,130 @@
+"""``omni-rt serve --thinker MODEL``: a local GGUF file or an OpenAI-compatible server as the thinker.
+
+Wrong choices fail at start-up with one line (a missing path, a directory, a file that is no GGUF, a GGUF
+without a chat template — written here by the ``gguf`` package —, an unreachable server, a URL that is no
+OpenAI-compatible API); the good ones serve a real turn: a copy of the packaged GGUF at another path, and a
+llama-server (the one scripts/install.sh builds) on 127.0.0.1 as the upstream. No hub download anywhere.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import pytest
+import websockets
+from conftest import ROOT, free_port, start_server, stop_server
+from test_realtime_tools import Client
+
+from omni_rt.engine import llama_cpp
+from omni_rt.engine.openai_compat_server import ServerThread
+from omni_rt.engine.thinker_choice import ThinkerError, thinker_args
+from omni_rt.engine.weights import smollm2_gguf_path
+
+
+def _metadata_gguf(path: Path, chat_template: str | None) -> Path:
+    """A GGUF holding only metadata (no tensors): enough for the start-up checks, written by ``gguf``."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-check")
+    w.add_tokenizer_model("gpt2")
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_wrong_gguf_choices_fail_with_one_clear_line(tmp_path):
+    cases = {
+        str(tmp_path / "missing.gguf"): "no such file",
+        str(tmp_path): "is a directory",
+        str(tmp_path / "notes.gguf"): "not a GGUF file",
+        str(_metadata_gguf(tmp_path / "base.gguf", None)): "no chat template",
+    }
+    (tmp_path / "notes.gguf").write_text("this is not a model")
+    for spec, why in cases.items():
+        with pytest.raises(ThinkerError) as err:
+            thinker_args(spec)
+        assert why in str(err.value) and "\n" not in str(err.value), err.value
+    chat = _metadata_gguf(tmp_path / "chat.gguf", "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert thinker_args(str(chat)) == {"backend": "llama.cpp", "model": str(chat.resolve()), "tokenizer": str(chat.resolve())}
+
+
+def test_wrong_server_choices_fail_with_one_clear_line():
+    with pytest.raises(ThinkerError, match="cannot reach it"):
+        thinker_args(f"http://127.0.0.1:{free_port()}/v1", timeout_s=2.0)
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    app.get("/v1/models")(lambda: {"object": "list", "data": []})
+    srv = ServerThread(app).start()
+    try:
+        root = srv.base_url.removesuffix("/v1")
+        with pytest.raises(ThinkerError, match="HTTP 404"):
+            thinker_args(f"{root}/nope")
+        with pytest.raises(ThinkerError, match="lists no model"):
+            thinker_args(f"{root}/v1")
+    finally:
+        srv.stop()
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path):
+    missing = tmp_path / "missing.gguf"
+    proc = subprocess.run([sys.executable, "-m", "omni_rt.cli", "serve", "--thinker", str(missing)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc
+    assert proc.stderr.strip().splitlines() == [f"omni-rt: error: --thinker {missing}: no such file"], proc.stderr
+
+
+async def _capital_turn(server) -> str:
+    ws = await websockets.connect(f"{server.ws_url}/v1/realtime", max_size=None, open_timeout=60)
+    try:
+        rt = Client(ws)  # validates every server event against openai-python's RealtimeServerEvent
+        assert (await rt.next())["type"] == "session.created"
+        await rt.say("What is the capital of France?")
+        await rt.send({"type": "response.create"})
+        done = (await rt.until("response.done"))[-1]["response"]
+        assert done["status"] == "completed", done
+        return " ".join(c.get("transcript") or c.get("text") or "" for o in done["output"] for c in o.get("content", []))
+    finally:
+        await ws.close()
+
+
+@pytest.fixture(scope="module")
+def binary():
+    found = llama_cpp.locate_binary()
+    if found is None:
+        pytest.skip("llama-server is not built here (scripts/install.sh builds it)")
+    return found
+
+
+async def test_serve_with_a_local_gguf(tmp_path, binary):
+    model = tmp_path / "models" / "my-thinker.gguf"
+    model.parent.mkdir()
+    shutil.copyfile(smollm2_gguf_path(), model)  # any GGUF at any path: here the packaged weights, moved
+    server = start_server(tmp_path, "--thinker", str(model), "--max-sessions", "2")
+    try:
+        assert "paris" in (await _capital_turn(server)).lower()
+        log = server.log_path.read_text()
+        assert f"thinker (stage thinker): {model}" in log and "falling back" not in log
+    finally:
+        stop_server(server)
+
+
+async def test_serve_with_an_openai_compatible_server(tmp_path, binary):
+    upstream = llama_cpp.LlamaServer(binary, smollm2_gguf_path(), threads=1, parallel=2, ctx_size=2048,
+                                     cache_ram_mib=0, log_path=tmp_path / "upstream.log")
+    upstream.start()
+    try:
+        server = start_server(tmp_path, "--thinker", f"{upstream.base_url}/v1", "--max-sessions", "2")
+        try:
+            assert "paris" in (await _capital_turn(server)).lower()
+        finally:
+            stop_server(server)
+    finally:
+        upstream.stop()
