@@ -452,17 +452,33 @@ def test_voice_turn_at_the_cap_is_refused_not_raised() -> None:
 
 
 def test_tool_call_that_does_not_fit_fails_the_answer() -> None:
-    s = _filled(MAX_ITEMS - 1)  # room for the answer's message item, not for a call after it
+    s = _filled(MAX_ITEMS - 1)  # room for one output item: the first call takes it, a second call does not fit
     s.receive_event({"type": "response.create"})
     (start,) = [x for x in s.commands() if isinstance(x, cmd.StartResponse)]
     s.receive_output(start.response_id, "text", c.ToolCallDelta(0, "call_1", "get_weather", '{"city"'))
     s.receive_output(start.response_id, "text", c.ToolCallDone(0, "call_1", "get_weather", '{"city": "Paris"}'))
+    s.receive_output(start.response_id, "text", c.ToolCallDelta(1, "call_2", "get_time", '{"city"'))
     events, commands = _drain(s)
     check_response(events, "failed", "conversation_full")
-    assert not [e for e in events if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"]
+    calls = [e["item"]["call_id"] for e in events if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"]
+    assert calls == ["call_1"], calls
     assert any(isinstance(x, cmd.AbortResponse) and x.response_id == start.response_id for x in commands)
     s.receive_result(start.response_id, {})  # a late result of the failed answer is dropped
     assert _drain(s)[0] == []
+
+
+def test_message_that_does_not_fit_fails_the_answer() -> None:
+    """A call takes the last place; the text after it has no room for its message item: the answer fails and
+    no event names the message item."""
+    s = _filled(MAX_ITEMS - 1)
+    s.receive_event({"type": "response.create"})
+    (start,) = [x for x in s.commands() if isinstance(x, cmd.StartResponse)]
+    s.receive_output(start.response_id, "text", c.ToolCallDone(0, "call_1", "get_weather", '{"city": "Paris"}'))
+    s.receive_output(start.response_id, "text", c.TextDelta("It is sunny."))
+    events, _ = _drain(s)
+    final = check_response(events, "failed", "conversation_full")
+    assert [it["type"] for it in final["output"]] == ["function_call"], final["output"]
+    assert not [e for e in events if e["type"] in ("response.output_audio_transcript.delta", "response.output_text.delta")]
 
 
 def test_engine_failure_message_is_short_held_or_not() -> None:

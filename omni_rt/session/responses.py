@@ -69,14 +69,22 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
         self._commands.append(cmd.StartResponse(resp.id, payload))
         return resp
 
-    def _open_message(self, resp: Response) -> int:
+    def _open_message(self, resp: Response) -> int | None:
         """Announce the assistant message item when its first text or audio arrives (or, with no tool call, when
-        the response ends), so a response that only calls tools carries no empty message. Its output index."""
+        the response ends), so a response that only calls tools carries no empty message. Its output index, or
+        None when the conversation has no room for it (a tool call took the last place): the answer then fails."""
         item = resp.item
         if not resp.message_open:
+            prev = None
+            if resp.state is ResponseState.ACTIVE and resp.in_conversation:
+                try:
+                    prev = self.conversation.add(item)
+                except ProtocolError as exc:  # never an event for an item the conversation does not hold
+                    resp.message_refused = True
+                    self._fail_running(resp, exc)
+                    return None
             resp.output.append(item)
             idx = resp.output_index(item)
-            prev = self.conversation.add(item) if resp.state is ResponseState.ACTIVE and resp.in_conversation else None
             self._emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": idx, "item": item.render()})
             if resp.in_conversation:
                 self._emit(resp, {"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
@@ -95,6 +103,8 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
             if not resp.text:
                 self._observations.append(("thinker_first_token", time.perf_counter() - resp.started))
             idx = self._open_message(resp)
+            if idx is None:
+                return
             resp.text += data.text
             kind = "response.output_audio_transcript.delta" if resp.speaks else "response.output_text.delta"
             self._emit(resp, {"type": kind, "response_id": resp.id, "item_id": resp.item.id, "output_index": idx,
@@ -151,6 +161,8 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
         if resp.first_audio is None and resp.state is ResponseState.ACTIVE:
             self._first_audio(resp)
         idx = self._open_message(resp)
+        if idx is None:
+            return
         resp.item.audio_ms += int(samples * 1000 / PIPELINE_OUTPUT_RATE) if samples else 0
         self._emit(resp, {"type": "response.output_audio.delta", "response_id": resp.id, "item_id": resp.item.id, "output_index": idx,
                           "content_index": 0, "delta": base64.b64encode(data).decode("ascii")})
@@ -185,8 +197,10 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
         if resp.state is ResponseState.HELD:
             resp.pending_final = (state, reason)
             return
-        if not resp.calls:  # an answer without a call keeps its message item, even empty
+        if not resp.calls and not resp.message_refused:  # an answer without a call keeps its message item, even empty
             self._open_message(resp)
+            if resp.state.final:
+                return  # no room for it: the answer was failed instead
         if self.response is resp:
             self.response = None
         resp.transition(state, reason)
