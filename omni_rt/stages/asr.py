@@ -11,13 +11,14 @@ late ``speech_stopped`` is latency too) while a decode is in flight. Finished de
 inbox as ``_decoded`` ops, so all per-session state is still touched by one thread only. An ``epoch`` per
 session tells a decode that is still valid from one made stale by new speech.
 
-``semantic_vad`` (numbers in ``omni_rt.contracts.turn_detection``): at each pause of ``SCORE_AFTER_MS`` the
-Smart Turn model scores the turn so far on its own worker thread (~110 ms on one idle core) while the
-speculative Whisper decode of the same audio starts on the decode worker. The transcript is announced
-(``transcript.speculative``, which starts the held answer) only once the verdict says the turn's end is near
-(``_likely_end``); a sure "complete" then ends the turn after a short silence. A hesitation pause thus costs
-one score and one decode, never an answer; decodes still queued behind a pause that speech has since ended
-are skipped, so a wrong guess does not delay the real turn's decode.
+``semantic_vad`` (the rule and its numbers in ``omni_rt.contracts.turn_detection``): at each pause of
+``SCORE_AFTER_MS`` the Smart Turn model scores the turn so far (``omni_rt.stages.turn_scoring``, its own worker
+thread) while the speculative Whisper decode of the same audio starts on the decode worker; the verdict needs
+both, the sound and the words of that transcript. The transcript is announced (``transcript.speculative``, which
+starts the held answer) only once the verdict says the turn's end is near (``_likely_end``); the turn ends when
+the verdict's silence has passed. A hesitation pause thus costs one score and one decode, never an answer;
+decodes still queued behind a pause that speech has since ended are skipped, so a wrong guess does not delay
+the real turn's decode.
 
 ``idle_timeout_ms`` (``server_vad``): after that much audio without speech since the later of the last turn's
 end and the end of the last answer's playback (op ``response_done`` with the answer's ``audio_ms``), the stage
@@ -57,6 +58,7 @@ from omni_rt.core.messages import IncomingMessage
 from omni_rt.core.session_scheduler import Session, SessionLimitError, SessionScheduler
 from omni_rt.audio import PIPELINE_INPUT_RATE
 from omni_rt.contracts.turn_detection import SCORE_AFTER_MS, SERVER_VAD, TurnDetection
+from omni_rt.stages.turn_scoring import PauseVerdict, TurnScorer
 from omni_rt.contracts.payloads import (
     Cleared,
     Committed,
@@ -114,9 +116,7 @@ class AsrState:
     partials: bool = True
     turn: int = 0
     spec_announced: bool = False  # transcript.speculative was sent for the current epoch
-    pause: int = 0  # bumped whenever speech resumes: a turn score for an older pause is stale
-    score_pending: bool = False  # a turn-model score for the current pause is in flight
-    turn_prob: float | None = None  # the turn model's verdict on the current pause
+    verdict: PauseVerdict = field(default_factory=PauseVerdict)  # semantic_vad: sound and words on the current pause
     idle_from: int | None = 0  # stream sample from which the idle timeout counts (None: not counting)
 
 
@@ -142,8 +142,7 @@ class AsrSessionScheduler(SessionScheduler):
         self.transcriber = transcriber
         self.vad_model = vad_model
         # Smart Turn (a SmartTurnModel, a loader returning one, or None); loaded on the first semantic_vad session
-        self._turn_model = turn_model
-        self._turn_model_error: str | None = None
+        self._turns = TurnScorer(turn_model, post=lambda sid, data: self.inbox.put(IncomingMessage(sid, "new_request", data)))
         self.semantic_announce_lead_ms = semantic_announce_lead_ms
         self.speculative_after_ms = speculative_after_ms
         self.partial_interval_samples = int(partial_interval_ms * SAMPLE_RATE / 1000)
@@ -152,7 +151,6 @@ class AsrSessionScheduler(SessionScheduler):
                          "semantic_early_ends": 0, "stale_decodes_skipped": 0,
                          "decode_batches": 0, "batched_decodes": 0, "max_batch_seen": 0}
         self._decoder: ThreadPoolExecutor | None = None
-        self._scorer: ThreadPoolExecutor | None = None
         self._decodes_in_flight = 0  # queued + running, all sessions
         self.max_queued_decodes = max_queued_decodes
         self._jobs: dict[str, deque] = {}  # session -> (tag, seq, job) waiting for the worker
@@ -168,14 +166,14 @@ class AsrSessionScheduler(SessionScheduler):
 
     def start(self) -> None:
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-decode")
-        self._scorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-turn-score")
+        self._turns.start()
         super().start()
 
     def stop(self) -> None:
         super().stop()
-        for pool in (self._decoder, self._scorer):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+        if self._decoder is not None:
+            self._decoder.shutdown(wait=False, cancel_futures=True)
+        self._turns.stop()
 
     def _handle(self, msg: IncomingMessage) -> None:
         data = msg.data if msg.type == "new_request" else None
@@ -254,41 +252,7 @@ class AsrSessionScheduler(SessionScheduler):
 
     def turn_model(self) -> Any:
         """The Smart Turn model, loaded once; a missing model is a clear error naming the package and file."""
-        if self._turn_model_error is not None:
-            raise SessionLimitError("turn_model_unavailable", self._turn_model_error)
-        if self._turn_model is None or callable(self._turn_model) and not hasattr(self._turn_model, "predict"):
-            try:
-                if self._turn_model is None:
-                    from omni_rt.backends.turn_model import SmartTurnModel
-
-                    self._turn_model = SmartTurnModel()
-                else:
-                    self._turn_model = self._turn_model()
-            except Exception as exc:  # noqa: BLE001 - every later semantic_vad session gets the same clear error
-                self._turn_model_error = f"semantic_vad needs the Smart Turn model: {exc}"
-                raise SessionLimitError("turn_model_unavailable", self._turn_model_error) from exc
-        return self._turn_model
-
-    def _score(self, session_id: str, st: AsrState) -> None:
-        """Score the turn so far on the scorer thread; the verdict returns as a ``_scored`` op."""
-        assert self._scorer is not None, "scheduler not started"
-        model, audio, pause = self.turn_model(), self._turn_audio(st)[-8 * SAMPLE_RATE :].copy(), st.pause  # its 8 s window
-        st.score_pending = True
-
-        def job() -> None:
-            t0 = time.perf_counter()
-            if st.pause != pause:  # speech resumed while this waited: the pause is gone (a benign read of an int)
-                prob, error = None, None
-            else:
-                try:
-                    prob, error = model.predict(audio), None
-                except Exception as exc:  # noqa: BLE001 - reported to the session as an error event
-                    prob, error = None, f"{type(exc).__name__}: {exc}"
-            self.inbox.put(IncomingMessage(session_id, "new_request", {
-                "op": "_scored", "pause": pause, "prob": prob, "error": error,
-                "score_ms": round((time.perf_counter() - t0) * 1000, 1)}))
-
-        self._scorer.submit(job)
+        return self._turns.model()
 
     def _decode(self, session_id: str, kind: str, audio: np.ndarray, wanted: Any = None, **meta: Any) -> None:
         """Transcribe on the worker; the result returns to the session thread as a ``_decoded`` op.
@@ -338,13 +302,8 @@ class AsrSessionScheduler(SessionScheduler):
         st.spec_pending = False
         st.spec_announced = False
         st.epoch += 1
-        self._new_pause(st)
+        st.verdict.new_pause()
         s.buffered_bytes = st.samples * 2
-
-    def _new_pause(self, st: AsrState) -> None:
-        st.pause += 1
-        st.turn_prob = None
-        st.score_pending = False
 
     def _ms(self, samples: int) -> int:
         return int(samples * 1000 / SAMPLE_RATE)
@@ -479,7 +438,7 @@ class AsrSessionScheduler(SessionScheduler):
         if sem is None:
             return True
         # a decode (and the held answer) starts this long before the turn would end on the current verdict
-        return st.vad.silence_ms >= max(SCORE_AFTER_MS, sem.end_silence_ms(st.turn_prob) - self.semantic_announce_lead_ms)
+        return st.vad.silence_ms >= max(SCORE_AFTER_MS, st.verdict.end_silence_ms(sem) - self.semantic_announce_lead_ms)
 
     def _announce(self, sid: str, st: AsrState, text: str, asr_ms: float) -> None:
         """Let the session start the held answer from the speculative transcript."""
@@ -487,44 +446,49 @@ class AsrSessionScheduler(SessionScheduler):
         self.emit(sid, "event", TranscriptSpeculative(st.turn + 1, text, asr_ms))
 
     def _semantic_pause(self, session: Session, st: AsrState) -> None:
-        """At a pause, ask the turn model once; end the turn early on a confident "complete"."""
-        sem = st.td.semantic
+        """At a pause, score it once (the words come from the speculative decode); end the turn when the verdict's
+        silence has passed."""
+        sem, v = st.td.semantic, st.verdict
         assert sem is not None
         silence = st.vad.silence_ms
         if silence < SCORE_AFTER_MS:
-            if st.turn_prob is not None or st.score_pending:  # speech resumed: that verdict was about another pause
-                self._new_pause(st)
+            if v.prob is not None or v.pending or v.words is not None:  # speech resumed: that verdict was another pause's
+                v.new_pause()
             return
-        if st.turn_prob is None and not st.score_pending:
+        if v.prob is None and not v.pending:
             self.counters["turn_scores"] += 1
-            self._score(session.session_id, st)
-        elif st.turn_prob is not None and st.turn_prob >= sem.complete_threshold and silence >= sem.end_silence_ms(st.turn_prob):
+            self._turns.score(session.session_id, self._turn_audio(st), SAMPLE_RATE, v)
+        elif v.decided(sem) and silence >= v.end_silence_ms(sem):
             self._end_turn_now(session, st)
 
     def _scored(self, session: Session, st: AsrState, data: dict[str, Any]) -> None:
+        v = st.verdict
         if data.get("error"):
-            st.score_pending = False
+            v.pending = False
             raise RuntimeError(f"turn model failed: {data['error']}")
-        if data["pause"] != st.pause or data["prob"] is None or not st.vad.in_speech:
+        if data["pause"] != v.pause or data["prob"] is None or not st.vad.in_speech:
             return  # a pause that speech (or the turn's end) has already closed
-        st.score_pending, st.turn_prob = False, float(data["prob"])
-        sem = st.td.semantic
-        complete = sem is not None and st.turn_prob >= sem.complete_threshold
-        self.emit(session.session_id, "event", TurnScored(st.turn + 1, round(st.turn_prob, 4), complete,
-                                                          round(st.vad.silence_ms), data["score_ms"]))
-        if sem is None:
+        v.pending, v.prob, v.score_ms = False, float(data["prob"]), data["score_ms"]
+        self._verdict_in(session, st)
+
+    def _verdict_in(self, session: Session, st: AsrState) -> None:
+        """Sound or words just arrived: once both are in, report the verdict, let the held answer start if the
+        end is near, and end the turn if its silence has already passed."""
+        sem, v = st.td.semantic, st.verdict
+        if sem is None or v.prob is None or v.words is None:
             return
-        if st.speculative is not None and not st.spec_announced and complete:
+        end_ms = v.end_silence_ms(sem)
+        self.emit(session.session_id, "event", TurnScored(st.turn + 1, round(v.prob, 4), end_ms < sem.max_silence_ms,
+                                                          round(st.vad.silence_ms), v.score_ms, v.words, end_ms))
+        if st.speculative is not None and not st.spec_announced and self._likely_end(st):
             self._announce(session.session_id, st, st.speculative, asr_ms=0.0)
-        if complete:
-            self._maybe_decode_early(session, st)  # the speculative decode starts on the verdict, not on the next append
-            if st.vad.silence_ms >= sem.end_silence_ms(st.turn_prob):
-                self._end_turn_now(session, st)
+        if v.decided(sem) and st.vad.silence_ms >= end_ms:
+            self._end_turn_now(session, st)
 
     def _end_turn_now(self, session: Session, st: AsrState) -> None:
         ev = st.vad.force_stop()
         self.counters["semantic_early_ends"] += 1
-        self.emit(session.session_id, "event", SpeechStopped(st.turn + 1, ev.audio_ms, semantic=True, turn_prob=st.turn_prob))
+        self.emit(session.session_id, "event", SpeechStopped(st.turn + 1, ev.audio_ms, semantic=True, turn_prob=st.verdict.prob))
         self._finish_turn(session, st, trigger="vad")
 
     def _maybe_idle_timeout(self, session: Session, st: AsrState) -> None:
@@ -573,9 +537,13 @@ class AsrSessionScheduler(SessionScheduler):
                                  audio_ms=waiting["audio_ms"], t_end=waiting["t_end"], trigger=waiting["trigger"])
             elif data["epoch"] == st.epoch and not data.get("stale"):
                 st.speculative, st.spec_pending = text, False
+                if st.td.semantic is not None and st.vad.in_speech:
+                    st.verdict.hear(text)  # the words of this pause: half of semantic_vad's verdict
                 # lets the session start answering in the silence; the answer is held until the turn ends
                 if self._likely_end(st):
                     self._announce(sid, st, text, asr_ms=data["asr_ms"])
+                if st.td.semantic is not None and st.vad.in_speech:
+                    self._verdict_in(session, st)
         elif kind == "partial" and data["epoch"] == st.epoch and text:
             self.emit(sid, "event", TranscriptPartial(data["turn"], text))
 
