@@ -1049,8 +1049,9 @@ async def run_turn_taking(args: Any, plan: Plan, modes: list[str]) -> dict[str, 
             await warmup(url, corpus, plan)
         for li, n in enumerate(plan.levels):
             for mode in modes:
-                turns = plan.turns if n == 1 else max(1, plan.turns // 3)
-                n_h = args.hesitant if n == 1 else max(1, args.hesitant // 4)
+                all_c, all_h = plan.turns or len(complete), args.hesitant or len(hesitant)  # default: the whole set
+                turns = all_c if n == 1 else max(1, all_c // 3)
+                n_h = all_h if n == 1 else max(1, all_h // 4)
                 turns, n_h = min(turns, len(complete)), min(n_h, len(hesitant))
                 _log(f"{mode}: {n} session(s) x {turns} complete + {n_h} hesitant")
                 t0 = time.perf_counter()
@@ -1134,7 +1135,7 @@ def main_turn_taking(args: Any) -> int:
     for mode in modes:
         if mode not in TURN_DETECTION:
             raise SystemExit(f"--turn-detection: unknown mode {mode!r}; choose from {list(TURN_DETECTION)}")
-    plan = Plan(levels=[int(x) for x in (args.sessions or "1").split(",")], turns=args.turns or 6, barge="none",
+    plan = Plan(levels=[int(x) for x in (args.sessions or "1").split(",")], turns=args.turns or 0, barge="none",
                 ablation_turns=0, variants=[], chunk_ms=args.chunk_ms, gap_s=args.gap_s, turn_timeout=args.turn_timeout,
                 barge_delay_s=0.0, warmup=not args.no_warmup, transcription=True)
     plan.max_output_tokens = args.max_output_tokens  # type: ignore[attr-defined]
