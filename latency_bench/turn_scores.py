@@ -139,6 +139,27 @@ def distributions(scores: list[PauseScore]) -> dict[str, Any]:
     return out
 
 
+def thinker_end_of_turn(texts: list[str]) -> list[float]:
+    """The CPU thinker's (SmolLM2-135M-Instruct) probability of its end-of-turn token ``<|im_end|>`` right after
+    each transcript as a user message: the text cue LiveKit's turn detector uses (with a model trained for it).
+    Measured here, not used by the stage (see ``omni_rt.contracts.turn_detection``)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from omni_rt.engine.weights import ensure_smollm2
+
+    path = ensure_smollm2()
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            ids = tok("<|im_start|>user\n" + text, return_tensors="pt").input_ids
+            out.append(float(torch.softmax(model(ids).logits[0, -1], -1)[eot]))
+    return out
+
+
 def load_scorers() -> tuple[Any, Any, Any]:
     """The CPU preset's Silero VAD, Smart Turn and Whisper tiny.en (what the ASR stage runs)."""
     from omni_rt.backends.asr import FasterWhisperASR
@@ -149,8 +170,10 @@ def load_scorers() -> tuple[Any, Any, Any]:
 
 
 def main() -> None:
-    """``python -m latency_bench.turn_scores``: score the set and print the rates the eagerness table rests on."""
+    """``python -m latency_bench.turn_scores [--thinker]``: score the set and print the rates the eagerness table
+    rests on (``--thinker``: also the thinker's end-of-turn probability on the same transcripts)."""
     import json
+    import sys
 
     from latency_bench.turn_set import spoken_set
 
@@ -165,6 +188,12 @@ def main() -> None:
                   f"complete {r['false_end_complete']}; ended sure {r['ended_sure']}/{r['endings']}, end silence {r['end_silence_ms']}")
             if words and eagerness == "medium":
                 print("   cut:", r["cut"])
+    if "--thinker" in sys.argv:  # the third cue, measured: does P(end of turn | transcript) separate them?
+        ends = [s for s in scores if s.final]
+        hes = [s for s in scores if s.hesitation]
+        p_end, p_hes = thinker_end_of_turn([s.text for s in ends]), thinker_end_of_turn([s.text for s in hes])
+        print(f"thinker P(<|im_end|>): complete endings p5/p50/p95 {_pct(p_end, 5):.3f}/{_pct(p_end, 50):.3f}/"
+              f"{_pct(p_end, 95):.3f}; hesitation pauses {_pct(p_hes, 5):.3f}/{_pct(p_hes, 50):.3f}/{_pct(p_hes, 95):.3f}")
 
 
 if __name__ == "__main__":
