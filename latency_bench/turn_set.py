@@ -128,12 +128,10 @@ def _trim(audio: np.ndarray, rel: float = 0.02, frame: int = 160) -> np.ndarray:
 
 
 def _voice(length_scale: float, noise: float, noise_w: float, seed: int):
-    import onnxruntime as ort
-
     from omni_rt.backends.tts_piper import PiperTTS
 
-    ort.set_seed(seed)  # VITS draws its noise in RandomNormalLike ops, seeded when the session is built
-    return PiperTTS(length_scale=length_scale, noise_scale=noise, noise_w_scale=noise_w)
+    # VITS draws its noise in RandomNormalLike ops, seeded when the session is built
+    return PiperTTS(length_scale=length_scale, noise_scale=noise, noise_w_scale=noise_w, seed=seed)
 
 
 @lru_cache(maxsize=None)
