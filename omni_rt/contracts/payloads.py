@@ -162,12 +162,15 @@ class TranscriptFinal(AsrEvent):
 
 @dataclass(slots=True)
 class TurnScored(AsrEvent):
-    """semantic_vad: the turn model scored a pause (informational: for logs and benchmarks)."""
+    """semantic_vad: a pause's verdict is in, sound and words (informational: for logs and benchmarks).
+    ``complete``: the verdict ends the turn before the max silence, after ``end_silence_ms``."""
 
-    prob: float
+    prob: float  # Smart Turn's score
     complete: bool
-    silence_ms: float
+    silence_ms: float  # the pause so far when the verdict came
     score_ms: float
+    words: str = "empty"  # the speculative transcript's cue (omni_rt.contracts.turn_detection.words_cue)
+    end_silence_ms: int = 0
 
 
 @dataclass(slots=True)

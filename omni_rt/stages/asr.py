@@ -1,5 +1,10 @@
 """ASR stage: VAD + streaming Whisper on a SessionScheduler, one state per session across turns.
 
+Three components, each its own module, with this scheduler wiring them to the session's ops and events:
+VAD segmentation (``turn_audio.TurnAudio``: the stream, Silero, the turn's audio), turn scoring for
+``semantic_vad`` (``turn_scoring``: Smart Turn's score and the transcript's words -> the silence that ends the
+turn) and decoding (``asr_decoding.DecodeQueue``: one Whisper worker, fair across sessions, batched).
+
 Why decode during the silence: Whisper always encodes a 30 s window (~250 ms on 2 cores for tiny.en, whatever
 the audio length), so waiting for ``speech_stopped`` before decoding puts that whole cost on the critical path.
 Once the VAD has seen ``speculative_after_ms`` of trailing silence we transcribe the turn; if no speech
@@ -11,25 +16,20 @@ late ``speech_stopped`` is latency too) while a decode is in flight. Finished de
 inbox as ``_decoded`` ops, so all per-session state is still touched by one thread only. An ``epoch`` per
 session tells a decode that is still valid from one made stale by new speech.
 
-``semantic_vad`` (numbers in ``omni_rt.contracts.turn_detection``): at each pause of ``SCORE_AFTER_MS`` the
-Smart Turn model scores the turn so far on its own worker thread (~110 ms on one idle core) while the
-speculative Whisper decode of the same audio starts on the decode worker. The transcript is announced
-(``transcript.speculative``, which starts the held answer) only once the verdict says the turn's end is near
-(``_likely_end``); a sure "complete" then ends the turn after a short silence. A hesitation pause thus costs
-one score and one decode, never an answer; decodes still queued behind a pause that speech has since ended
-are skipped, so a wrong guess does not delay the real turn's decode.
+``semantic_vad`` (the rule and its numbers in ``omni_rt.contracts.turn_detection``): at each pause of
+``SCORE_AFTER_MS`` the Smart Turn model scores the turn so far (``omni_rt.stages.turn_scoring``, its own worker
+thread) while the speculative Whisper decode of the same audio starts on the decode worker; the verdict needs
+both, the sound and the words of that transcript. The transcript is announced (``transcript.speculative``, which
+starts the held answer) only once the verdict says the turn's end is near (``_likely_end``); the turn ends when
+the verdict's silence has passed. A hesitation pause thus costs one score and one decode, never an answer;
+decodes still queued behind a pause that speech has since ended are skipped, so a wrong guess does not delay
+the real turn's decode.
 
 ``idle_timeout_ms`` (``server_vad``): after that much audio without speech since the later of the last turn's
 end and the end of the last answer's playback (op ``response_done`` with the answer's ``audio_ms``), the stage
 emits ``timeout_triggered`` and commits the (silent) buffer as a turn.
 
-Fairness and batching: decodes wait in a queue per session and the one worker takes them by start-time fair
-queuing across sessions. When it is free it takes the head job of up to ``max_batch`` sessions (at most one
-per session, in fair order) and runs them as one ``transcribe_batch`` (one encoder pass for all); a lone
-decode runs at once, and a batch is only what queued while the worker was busy (no admission window: a
-wait would only add latency unless more sessions commit within it, and nothing measured says they do).
-So a burst of commits from one session delays another session's decode by at most the batch already
-running. A session may have ``max_queued_decodes``
+Fairness and batching: ``omni_rt.stages.asr_decoding``. A session may have ``max_queued_decodes``
 waiting; a commit beyond that is refused with ``input_audio_buffer_commit_busy`` and its audio stays in
 the buffer (nothing is lost: commit again once transcripts arrive). Every commit gets its own ``turn``
 number, carried by ``Committed`` and by the turn's ``TranscriptFinal``, so a session matches transcripts to
@@ -45,11 +45,8 @@ Session ops (``new_request`` data ``op``): ``open`` (params below), ``update`` (
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +54,9 @@ from omni_rt.core.messages import IncomingMessage
 from omni_rt.core.session_scheduler import Session, SessionLimitError, SessionScheduler
 from omni_rt.audio import PIPELINE_INPUT_RATE
 from omni_rt.contracts.turn_detection import SCORE_AFTER_MS, SERVER_VAD, TurnDetection
+from omni_rt.stages.asr_decoding import DecodeJob, DecodeQueue, Transcriber
+from omni_rt.stages.turn_audio import TurnAudio
+from omni_rt.stages.turn_scoring import PauseVerdict, TurnScorer
 from omni_rt.contracts.payloads import (
     Cleared,
     Committed,
@@ -82,30 +82,10 @@ GPU_MAX_BATCH = 8  # not measured on a GPU yet: batch rows are cheap next to Whi
 CPU_MAX_BATCH = 2
 
 
-class Transcriber(Protocol):
-    def transcribe(self, audio: np.ndarray) -> str: ...
-
-    def transcribe_batch(self, audios: list[np.ndarray]) -> list[str]: ...  # optional: without it max_batch is 1
-
-
-@dataclass
-class _DecodeJob:
-    """One queued decode: the audio and what to send back with its text."""
-
-    session_id: str
-    kind: str
-    audio: np.ndarray
-    wanted: Callable[[], bool] | None
-    meta: dict[str, Any]
-
-
 @dataclass
 class AsrState:
     td: TurnDetection
-    vad: Any
-    chunks: list[np.ndarray] = field(default_factory=list)  # audio of the current turn (or uncommitted buffer)
-    samples: int = 0
-    stream_samples: int = 0  # all samples ever appended (for audio_*_ms offsets)
+    seg: TurnAudio  # the stream, its VAD and the current turn's audio (or the uncommitted buffer)
     last_partial_samples: int = 0
     speculative: str | None = None  # text decoded in the silence for the current epoch
     spec_pending: bool = False  # a speculative decode for the current epoch is in flight
@@ -114,9 +94,7 @@ class AsrState:
     partials: bool = True
     turn: int = 0
     spec_announced: bool = False  # transcript.speculative was sent for the current epoch
-    pause: int = 0  # bumped whenever speech resumes: a turn score for an older pause is stale
-    score_pending: bool = False  # a turn-model score for the current pause is in flight
-    turn_prob: float | None = None  # the turn model's verdict on the current pause
+    verdict: PauseVerdict = field(default_factory=PauseVerdict)  # semantic_vad: sound and words on the current pause
     idle_from: int | None = 0  # stream sample from which the idle timeout counts (None: not counting)
 
 
@@ -135,15 +113,8 @@ class AsrSessionScheduler(SessionScheduler):
         **limits: Any,
     ) -> None:
         super().__init__(name="asr", **limits)
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1 (sessions decoded together), got {max_batch}")
-        # a transcriber without transcribe_batch decodes one session at a time
-        self.max_batch = max_batch if hasattr(transcriber, "transcribe_batch") else 1
         self.transcriber = transcriber
         self.vad_model = vad_model
-        # Smart Turn (a SmartTurnModel, a loader returning one, or None); loaded on the first semantic_vad session
-        self._turn_model = turn_model
-        self._turn_model_error: str | None = None
         self.semantic_announce_lead_ms = semantic_announce_lead_ms
         self.speculative_after_ms = speculative_after_ms
         self.partial_interval_samples = int(partial_interval_ms * SAMPLE_RATE / 1000)
@@ -151,160 +122,57 @@ class AsrSessionScheduler(SessionScheduler):
         self.counters = {"turns": 0, "speculative_hits": 0, "speculative_misses": 0, "turn_scores": 0,
                          "semantic_early_ends": 0, "stale_decodes_skipped": 0,
                          "decode_batches": 0, "batched_decodes": 0, "max_batch_seen": 0}
-        self._decoder: ThreadPoolExecutor | None = None
-        self._scorer: ThreadPoolExecutor | None = None
-        self._decodes_in_flight = 0  # queued + running, all sessions
+        post = lambda sid, data: self.inbox.put(IncomingMessage(sid, "new_request", data))  # noqa: E731
+        self._decoder = DecodeQueue(transcriber, max_batch, post, self.counters)
+        # Smart Turn (a SmartTurnModel, a loader returning one, or None); loaded on the first semantic_vad session
+        self._turns = TurnScorer(turn_model, post)
         self.max_queued_decodes = max_queued_decodes
-        self._jobs: dict[str, deque] = {}  # session -> (tag, seq, job) waiting for the worker
-        self._tags: dict[str, float] = {}  # session -> virtual start time of its next job (fair queuing)
-        self._vclock = 0.0
-        # sessions whose decode the worker is running (results not yet back): the worker is busy while any is
-        self._decoding: set[str] = set()
-        self._seq = 0  # arrival order, breaks tag ties
+
+    @property
+    def max_batch(self) -> int:
+        return self._decoder.max_batch
+
+    @property
+    def _decodes_in_flight(self) -> int:
+        return self._decoder.in_flight
 
     def stats(self) -> dict[str, float]:
         """Counters: turns, speculation, ``decode_batches`` (worker runs of 2+ sessions) and their decodes."""
         return dict(self.counters)
 
     def start(self) -> None:
-        self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-decode")
-        self._scorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-turn-score")
+        self._decoder.start()
+        self._turns.start()
         super().start()
 
     def stop(self) -> None:
         super().stop()
-        for pool in (self._decoder, self._scorer):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+        self._decoder.stop()
+        self._turns.stop()
 
     def _handle(self, msg: IncomingMessage) -> None:
         data = msg.data if msg.type == "new_request" else None
         op = data.get("op") if isinstance(data, dict) else None
         if op == "_decoded":
-            self._decoding.discard(msg.request_id)
-        if op in ("_decoded", "_scored") and msg.request_id not in self.sessions:
-            if op == "_decoded":
-                self._decodes_in_flight -= 1  # the session closed while its decode ran: nothing to deliver
-        else:
+            self._decoder.returned(msg.request_id)
+        if op not in ("_decoded", "_scored") or msg.request_id in self.sessions:  # else: closed while it ran
             super()._handle(msg)
         if op == "_decoded":
-            self._pump()
+            self._decoder.pump()
 
     def on_close(self, session: Session) -> None:
-        jobs = self._jobs.pop(session.session_id, None)
-        self._tags.pop(session.session_id, None)
-        if jobs:  # queued decodes of a closed session are never run
-            self._decodes_in_flight -= len(jobs)
+        self._decoder.drop_session(session.session_id)
 
     def queued_decodes(self, session_id: str) -> int:
-        return len(self._jobs.get(session_id, ()))
-
-    def _pump(self) -> None:
-        """Hand the free worker the next batch: start-time fair queuing across sessions. Each job is tagged
-        with ``max(virtual clock, the session's previous tag)``; the sessions whose head jobs have the
-        smallest tags run next (one job each, up to ``max_batch``) and the clock moves to the largest tag
-        taken. A session that just had a decode waits behind one that has not, and a session arriving with
-        nothing queued starts at the clock (no credit saved up, no debt carried)."""
-        if self._decoding or self._decoder is None or not self._jobs:
-            return
-        heads = sorted(self._jobs, key=lambda k: self._jobs[k][0][:2])[: self.max_batch]
-        batch: list[_DecodeJob] = []
-        for sid in heads:
-            jobs = self._jobs[sid]
-            tag, _, job = jobs.popleft()
-            if not jobs:
-                del self._jobs[sid]
-            self._vclock = max(self._vclock, tag)
-            batch.append(job)
-        self._decoding = set(heads)
-        if len(batch) > 1:
-            self.counters["decode_batches"] += 1
-            self.counters["batched_decodes"] += len(batch)
-        self.counters["max_batch_seen"] = max(self.counters["max_batch_seen"], len(batch))
-        self._decoder.submit(self._run_batch, batch)
-
-    def _run_batch(self, batch: list[_DecodeJob]) -> None:
-        """On the worker: skip stale jobs, transcribe the rest in one call, post one ``_decoded`` per job."""
-        t0 = time.perf_counter()
-        live = []
-        for job in batch:
-            if job.wanted is not None and not job.wanted():
-                self.counters["stale_decodes_skipped"] += 1
-                job.meta["stale"] = True
-            else:
-                live.append(job)
-        texts: list[str] = []
-        error = None
-        try:
-            if len(live) == 1:
-                texts = [self.transcriber.transcribe(live[0].audio)]
-            elif live:
-                texts = list(self.transcriber.transcribe_batch([j.audio for j in live]))
-                if len(texts) != len(live):
-                    raise RuntimeError(f"transcribe_batch returned {len(texts)} texts for {len(live)} inputs")
-        except Exception as exc:  # noqa: BLE001 - reported to each session of the batch as an error event
-            error = f"{type(exc).__name__}: {exc}"
-        by_job = {id(j): t for j, t in zip(live, texts)} if error is None else {}
-        asr_ms = round((time.perf_counter() - t0) * 1000, 1)
-        for job in batch:
-            text = by_job.get(id(job), "").strip()
-            err = error if error is not None and not job.meta.get("stale") else None
-            self.inbox.put(IncomingMessage(job.session_id, "new_request", {
-                "op": "_decoded", "kind": job.kind, "text": text, "error": err, "asr_ms": asr_ms, **job.meta}))
+        return self._decoder.queued(session_id)
 
     def turn_model(self) -> Any:
         """The Smart Turn model, loaded once; a missing model is a clear error naming the package and file."""
-        if self._turn_model_error is not None:
-            raise SessionLimitError("turn_model_unavailable", self._turn_model_error)
-        if self._turn_model is None or callable(self._turn_model) and not hasattr(self._turn_model, "predict"):
-            try:
-                if self._turn_model is None:
-                    from omni_rt.backends.turn_model import SmartTurnModel
-
-                    self._turn_model = SmartTurnModel()
-                else:
-                    self._turn_model = self._turn_model()
-            except Exception as exc:  # noqa: BLE001 - every later semantic_vad session gets the same clear error
-                self._turn_model_error = f"semantic_vad needs the Smart Turn model: {exc}"
-                raise SessionLimitError("turn_model_unavailable", self._turn_model_error) from exc
-        return self._turn_model
-
-    def _score(self, session_id: str, st: AsrState) -> None:
-        """Score the turn so far on the scorer thread; the verdict returns as a ``_scored`` op."""
-        assert self._scorer is not None, "scheduler not started"
-        model, audio, pause = self.turn_model(), self._turn_audio(st)[-8 * SAMPLE_RATE :].copy(), st.pause  # its 8 s window
-        st.score_pending = True
-
-        def job() -> None:
-            t0 = time.perf_counter()
-            if st.pause != pause:  # speech resumed while this waited: the pause is gone (a benign read of an int)
-                prob, error = None, None
-            else:
-                try:
-                    prob, error = model.predict(audio), None
-                except Exception as exc:  # noqa: BLE001 - reported to the session as an error event
-                    prob, error = None, f"{type(exc).__name__}: {exc}"
-            self.inbox.put(IncomingMessage(session_id, "new_request", {
-                "op": "_scored", "pause": pause, "prob": prob, "error": error,
-                "score_ms": round((time.perf_counter() - t0) * 1000, 1)}))
-
-        self._scorer.submit(job)
+        return self._turns.model()
 
     def _decode(self, session_id: str, kind: str, audio: np.ndarray, wanted: Any = None, **meta: Any) -> None:
-        """Transcribe on the worker; the result returns to the session thread as a ``_decoded`` op.
-
-        ``wanted`` (optional, called on the worker just before decoding): False skips a decode that new
-        speech made stale while it waited in the queue, so it cannot delay the decode the real turn needs.
-        """
-        assert self._decoder is not None, "scheduler not started"
-        self._decodes_in_flight += 1
-        job = _DecodeJob(session_id, kind, audio.copy(), wanted, meta)
-        backlogged = session_id in self._jobs or session_id in self._decoding
-        tag = max(self._vclock, self._tags.get(session_id, 0.0)) if backlogged else self._vclock
-        self._tags[session_id] = tag + 1.0
-        self._seq += 1
-        self._jobs.setdefault(session_id, deque()).append((tag, self._seq, job))
-        self._pump()
+        """Transcribe on the decode worker; the result returns to the session thread as a ``_decoded`` op."""
+        self._decoder.submit(DecodeJob(session_id, kind, audio.copy(), wanted, meta))
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _new_vad(self, td: TurnDetection) -> Any:
@@ -321,30 +189,15 @@ class AsrSessionScheduler(SessionScheduler):
     def _state(self, s: Session) -> AsrState:
         return s.state["asr"]
 
-    def _turn_audio(self, st: AsrState) -> np.ndarray:
-        if not st.chunks:
-            return np.zeros(0, dtype=np.float32)
-        if len(st.chunks) > 1:
-            st.chunks = [np.concatenate(st.chunks)]
-        return st.chunks[0]
-
     def _reset_turn(self, s: Session, st: AsrState, keep_ms: int = 0) -> None:
-        audio = self._turn_audio(st)
-        keep = int(keep_ms * SAMPLE_RATE / 1000)
-        st.chunks = [audio[-keep:]] if keep and audio.size else []
-        st.samples = sum(c.size for c in st.chunks)
+        st.seg.keep_last(keep_ms)
         st.last_partial_samples = 0
         st.speculative = None
         st.spec_pending = False
         st.spec_announced = False
         st.epoch += 1
-        self._new_pause(st)
-        s.buffered_bytes = st.samples * 2
-
-    def _new_pause(self, st: AsrState) -> None:
-        st.pause += 1
-        st.turn_prob = None
-        st.score_pending = False
+        st.verdict.new_pause()
+        s.buffered_bytes = st.seg.samples * 2
 
     def _ms(self, samples: int) -> int:
         return int(samples * 1000 / SAMPLE_RATE)
@@ -363,7 +216,8 @@ class AsrSessionScheduler(SessionScheduler):
             td = self._turn_detection(session.params)
         except SessionLimitError as exc:  # open the session anyway, with server_vad, and say why
             td, error = TurnDetection(), exc
-        session.state["asr"] = AsrState(td=td, vad=self._new_vad(td), partials=bool(session.params.get("partials", True)))
+        session.state["asr"] = AsrState(td=td, seg=TurnAudio(self._new_vad(td), SAMPLE_RATE),
+                                        partials=bool(session.params.get("partials", True)))
         if error is not None:
             self.emit_error(session.session_id, str(error), code=error.code)
 
@@ -374,15 +228,15 @@ class AsrSessionScheduler(SessionScheduler):
             td = self._turn_detection(params)  # raises before anything changes
             session.params = params
             if td != st.td:
-                st.td, st.vad = td, self._new_vad(td)
+                st.td, st.seg.vad = td, self._new_vad(td)
             st.partials = bool(session.params.get("partials", st.partials))
         elif op == "response_done":
             # the idle clock restarts once the answer has played (its audio length from now, an upper bound)
-            st.idle_from = st.stream_samples + int(float(data.get("audio_ms") or 0) * SAMPLE_RATE / 1000)
+            st.idle_from = st.seg.stream_samples + int(float(data.get("audio_ms") or 0) * SAMPLE_RATE / 1000)
         elif op == "_scored":
             self._scored(session, st, data)
         elif op == "commit":
-            if st.samples == 0:
+            if st.seg.samples == 0:
                 raise SessionLimitError(
                     "input_audio_buffer_commit_empty", "buffer is empty: append audio before committing"
                 )
@@ -392,14 +246,14 @@ class AsrSessionScheduler(SessionScheduler):
                     f"{self.max_queued_decodes} committed turns of this session are still waiting to be "
                     "transcribed; the audio stays in the buffer: commit again after a transcript arrives",
                 )
-            if st.vad.in_speech:
-                self.emit(session.session_id, "event", SpeechStopped(st.turn + 1, self._ms(st.stream_samples)))
-                st.vad.reset()
+            if st.seg.vad.in_speech:
+                self.emit(session.session_id, "event", SpeechStopped(st.turn + 1, self._ms(st.seg.stream_samples)))
+                st.seg.vad.reset()
             self._finish_turn(session, st, trigger="commit")
         elif op == "_decoded":
             self._decoded(session, st, data)
         elif op == "clear":
-            st.vad.reset()
+            st.seg.vad.reset()
             self._reset_turn(session, st)
             self.emit(session.session_id, "event", Cleared(st.turn + 1))
         else:
@@ -410,55 +264,51 @@ class AsrSessionScheduler(SessionScheduler):
 
     def on_append(self, session: Session, data: Any) -> None:
         st = self._state(session)
-        audio = np.asarray(data, dtype=np.float32)
-        st.chunks.append(audio)
-        st.samples += audio.size
-        st.stream_samples += audio.size
+        events = st.seg.append(np.asarray(data, dtype=np.float32), detect=st.td.enabled)
         if not st.td.enabled:
             return
-        events = st.vad.feed(audio)
         sid = session.session_id
         for ev in events:
             if ev.kind == "speech_started":
                 # keep prefix padding before the speech start, drop older silence
-                keep_ms = self._ms(st.stream_samples) - ev.audio_ms  # audio_ms already includes the prefix padding
+                keep_ms = self._ms(st.seg.stream_samples) - ev.audio_ms  # audio_ms already includes the prefix padding
                 self._reset_turn(session, st, keep_ms=max(0, keep_ms))
                 st.idle_from = None
                 self.emit(sid, "event", SpeechStarted(st.turn + 1, ev.audio_ms))
             elif ev.kind == "speech_stopped":
                 self.emit(sid, "event", SpeechStopped(st.turn + 1, ev.audio_ms))
                 self._finish_turn(session, st, trigger="vad")
-        if st.vad.in_speech:
+        if st.seg.vad.in_speech:
             if st.td.semantic is not None:
                 self._semantic_pause(session, st)
-            if st.vad.in_speech:
+            if st.seg.vad.in_speech:
                 self._maybe_decode_early(session, st)
         else:
             self._maybe_idle_timeout(session, st)
             # outside speech only the padding window is worth keeping
             pad = int((st.td.prefix_padding_ms + 100) * SAMPLE_RATE / 1000)
-            if st.samples > 4 * pad:
+            if st.seg.samples > 4 * pad:
                 self._reset_turn(session, st, keep_ms=st.td.prefix_padding_ms + 100)
-        if st.samples > self.max_turn_samples and st.vad.in_speech:
-            self.emit(sid, "event", SpeechStopped(st.turn + 1, self._ms(st.stream_samples), forced=True))
-            st.vad.reset()
+        if st.seg.samples > self.max_turn_samples and st.seg.vad.in_speech:
+            self.emit(sid, "event", SpeechStopped(st.turn + 1, self._ms(st.seg.stream_samples), forced=True))
+            st.seg.vad.reset()
             self._finish_turn(session, st, trigger="max_turn")
 
     def _maybe_decode_early(self, session: Session, st: AsrState) -> None:
         sid = session.session_id
         pause_ms = SCORE_AFTER_MS if st.td.semantic is not None else self.speculative_after_ms
-        if st.vad.silence_ms >= pause_ms:
+        if st.seg.vad.silence_ms >= pause_ms:
             # semantic_vad: Whisper starts at the pause the turn model scores, side by side with it: gated on
             # the verdict, the decode added the whole score (110 ms idle, ~500 ms on a loaded machine) to the
             # transcript's time (measured with latency_bench --turn-detection); the answer stays gated on it
             if st.speculative is None and not st.spec_pending:
                 st.spec_pending = True
-                st.last_partial_samples = st.samples
+                st.last_partial_samples = st.seg.samples
                 epoch = st.epoch
                 wanted = None
                 if st.td.semantic is not None:  # skip it if speech resumed while it queued (a benign cross-thread read)
                     wanted = lambda: st.epoch == epoch or (st.awaiting_final or {}).get("epoch") == epoch  # noqa: E731
-                self._decode(sid, "speculative", self._turn_audio(st), wanted=wanted, epoch=epoch, turn=st.turn + 1)
+                self._decode(sid, "speculative", st.seg.audio(), wanted=wanted, epoch=epoch, turn=st.turn + 1)
             elif st.speculative is not None and not st.spec_announced and self._likely_end(st):
                 self._announce(sid, st, st.speculative, asr_ms=0.0)
             return
@@ -467,10 +317,10 @@ class AsrSessionScheduler(SessionScheduler):
                 self.emit(sid, "event", SpeculationCancelled(st.turn + 1))
             st.speculative, st.spec_pending, st.spec_announced = None, False, False
             st.epoch += 1
-        due = st.samples - st.last_partial_samples >= self.partial_interval_samples
+        due = st.seg.samples - st.last_partial_samples >= self.partial_interval_samples
         if st.partials and due and self._decodes_in_flight == 0:  # never queue a partial ahead of a final
-            st.last_partial_samples = st.samples
-            self._decode(sid, "partial", self._turn_audio(st), epoch=st.epoch, turn=st.turn + 1)
+            st.last_partial_samples = st.seg.samples
+            self._decode(sid, "partial", st.seg.audio(), epoch=st.epoch, turn=st.turn + 1)
 
     # ---- semantic_vad and idle timeout -------------------------------------------------------------
     def _likely_end(self, st: AsrState) -> bool:
@@ -479,7 +329,7 @@ class AsrSessionScheduler(SessionScheduler):
         if sem is None:
             return True
         # a decode (and the held answer) starts this long before the turn would end on the current verdict
-        return st.vad.silence_ms >= max(SCORE_AFTER_MS, sem.end_silence_ms(st.turn_prob) - self.semantic_announce_lead_ms)
+        return st.seg.vad.silence_ms >= max(SCORE_AFTER_MS, st.verdict.end_silence_ms(sem) - self.semantic_announce_lead_ms)
 
     def _announce(self, sid: str, st: AsrState, text: str, asr_ms: float) -> None:
         """Let the session start the held answer from the speculative transcript."""
@@ -487,44 +337,49 @@ class AsrSessionScheduler(SessionScheduler):
         self.emit(sid, "event", TranscriptSpeculative(st.turn + 1, text, asr_ms))
 
     def _semantic_pause(self, session: Session, st: AsrState) -> None:
-        """At a pause, ask the turn model once; end the turn early on a confident "complete"."""
-        sem = st.td.semantic
+        """At a pause, score it once (the words come from the speculative decode); end the turn when the verdict's
+        silence has passed."""
+        sem, v = st.td.semantic, st.verdict
         assert sem is not None
-        silence = st.vad.silence_ms
+        silence = st.seg.vad.silence_ms
         if silence < SCORE_AFTER_MS:
-            if st.turn_prob is not None or st.score_pending:  # speech resumed: that verdict was about another pause
-                self._new_pause(st)
+            if v.prob is not None or v.pending or v.words is not None:  # speech resumed: that verdict was another pause's
+                v.new_pause()
             return
-        if st.turn_prob is None and not st.score_pending:
+        if v.prob is None and not v.pending:
             self.counters["turn_scores"] += 1
-            self._score(session.session_id, st)
-        elif st.turn_prob is not None and st.turn_prob >= sem.complete_threshold and silence >= sem.end_silence_ms(st.turn_prob):
+            self._turns.score(session.session_id, st.seg.audio(), SAMPLE_RATE, v)
+        elif v.decided(sem) and silence >= v.end_silence_ms(sem):
             self._end_turn_now(session, st)
 
     def _scored(self, session: Session, st: AsrState, data: dict[str, Any]) -> None:
+        v = st.verdict
         if data.get("error"):
-            st.score_pending = False
+            v.pending = False
             raise RuntimeError(f"turn model failed: {data['error']}")
-        if data["pause"] != st.pause or data["prob"] is None or not st.vad.in_speech:
+        if data["pause"] != v.pause or data["prob"] is None or not st.seg.vad.in_speech:
             return  # a pause that speech (or the turn's end) has already closed
-        st.score_pending, st.turn_prob = False, float(data["prob"])
-        sem = st.td.semantic
-        complete = sem is not None and st.turn_prob >= sem.complete_threshold
-        self.emit(session.session_id, "event", TurnScored(st.turn + 1, round(st.turn_prob, 4), complete,
-                                                          round(st.vad.silence_ms), data["score_ms"]))
-        if sem is None:
+        v.pending, v.prob, v.score_ms = False, float(data["prob"]), data["score_ms"]
+        self._verdict_in(session, st)
+
+    def _verdict_in(self, session: Session, st: AsrState) -> None:
+        """Sound or words just arrived: once both are in, report the verdict, let the held answer start if the
+        end is near, and end the turn if its silence has already passed."""
+        sem, v = st.td.semantic, st.verdict
+        if sem is None or v.prob is None or v.words is None:
             return
-        if st.speculative is not None and not st.spec_announced and complete:
+        end_ms = v.end_silence_ms(sem)
+        self.emit(session.session_id, "event", TurnScored(st.turn + 1, round(v.prob, 4), end_ms < sem.max_silence_ms,
+                                                          round(st.seg.vad.silence_ms), v.score_ms, v.words, end_ms))
+        if st.speculative is not None and not st.spec_announced and self._likely_end(st):
             self._announce(session.session_id, st, st.speculative, asr_ms=0.0)
-        if complete:
-            self._maybe_decode_early(session, st)  # the speculative decode starts on the verdict, not on the next append
-            if st.vad.silence_ms >= sem.end_silence_ms(st.turn_prob):
-                self._end_turn_now(session, st)
+        if v.decided(sem) and st.seg.vad.silence_ms >= end_ms:
+            self._end_turn_now(session, st)
 
     def _end_turn_now(self, session: Session, st: AsrState) -> None:
-        ev = st.vad.force_stop()
+        ev = st.seg.vad.force_stop()
         self.counters["semantic_early_ends"] += 1
-        self.emit(session.session_id, "event", SpeechStopped(st.turn + 1, ev.audio_ms, semantic=True, turn_prob=st.turn_prob))
+        self.emit(session.session_id, "event", SpeechStopped(st.turn + 1, ev.audio_ms, semantic=True, turn_prob=st.verdict.prob))
         self._finish_turn(session, st, trigger="vad")
 
     def _maybe_idle_timeout(self, session: Session, st: AsrState) -> None:
@@ -532,17 +387,17 @@ class AsrSessionScheduler(SessionScheduler):
         if timeout is None or st.idle_from is None or not st.td.enabled:
             return
         idle = int(timeout * SAMPLE_RATE / 1000)
-        if st.stream_samples - st.idle_from < idle:
+        if st.seg.stream_samples - st.idle_from < idle:
             return
-        self.emit(session.session_id, "event", TimeoutTriggered(st.turn + 1, self._ms(st.idle_from), self._ms(st.stream_samples)))
+        self.emit(session.session_id, "event", TimeoutTriggered(st.turn + 1, self._ms(st.idle_from), self._ms(st.seg.stream_samples)))
         self._finish_turn(session, st, trigger="timeout")
 
     def _finish_turn(self, session: Session, st: AsrState, trigger: str) -> None:
         sid = session.session_id
-        audio = self._turn_audio(st)
+        audio = st.seg.audio()
         st.turn += 1
         self.counters["turns"] += 1
-        st.idle_from = st.stream_samples
+        st.idle_from = st.seg.stream_samples
         self.emit(sid, "event", Committed(st.turn, trigger, self._ms(audio.size)))
         meta = {"turn": st.turn, "audio_ms": self._ms(audio.size), "t_end": time.perf_counter(), "trigger": trigger}
         if trigger == "vad" and st.speculative is not None:
@@ -558,7 +413,6 @@ class AsrSessionScheduler(SessionScheduler):
         self._reset_turn(session, st)
 
     def _decoded(self, session: Session, st: AsrState, data: dict[str, Any]) -> None:
-        self._decodes_in_flight -= 1
         sid, kind, text = session.session_id, data["kind"], data["text"]
         if data.get("error"):
             raise RuntimeError(f"transcription failed: {data['error']}")
@@ -573,9 +427,13 @@ class AsrSessionScheduler(SessionScheduler):
                                  audio_ms=waiting["audio_ms"], t_end=waiting["t_end"], trigger=waiting["trigger"])
             elif data["epoch"] == st.epoch and not data.get("stale"):
                 st.speculative, st.spec_pending = text, False
+                if st.td.semantic is not None and st.seg.vad.in_speech:
+                    st.verdict.hear(text)  # the words of this pause: half of semantic_vad's verdict
                 # lets the session start answering in the silence; the answer is held until the turn ends
                 if self._likely_end(st):
                     self._announce(sid, st, text, asr_ms=data["asr_ms"])
+                if st.td.semantic is not None and st.seg.vad.in_speech:
+                    self._verdict_in(session, st)
         elif kind == "partial" and data["epoch"] == st.epoch and text:
             self.emit(sid, "event", TranscriptPartial(data["turn"], text))
 

@@ -1,0 +1,200 @@
+"""Score the labelled end-of-turn set (``latency_bench.turn_set``) at the stage level, without a server.
+
+Each spoken item is fed through Silero in 20 ms chunks, as the ASR stage is; at every pause that reaches
+``SCORE_AFTER_MS`` of silence the turn audio the stage would hold then (prefix padding + speech + the pause so
+far) is scored by Smart Turn and transcribed by Whisper, exactly the two inputs of the stage's verdict. What the
+verdict then does (``omni_rt.contracts.turn_detection``) is pure arithmetic on these records, so tests and the
+bench can assert rates per eagerness without 100 server round trips.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+from latency_bench.turn_set import SR, Spoken
+from omni_rt.contracts import turn_detection as tdm
+
+CHUNK = SR // 50
+
+
+@dataclass(frozen=True)
+class PauseScore:
+    """One pause the stage would score. ``final``: after the last word (the turn should end here); otherwise a
+    pause inside the utterance (the turn must stay open), ``lasts_ms`` long before speech resumed."""
+
+    key: str  # "<variant>/<text>"
+    kind: str  # the item's kind: complete | hesitant
+    shape: str
+    final: bool
+    hesitation: bool  # the pause we inserted after a hesitant fragment (not a comma pause inside a part)
+    lasts_ms: float  # silence until speech resumed (final: the tail, as heard)
+    speech_end_ms: float  # end of the item's last word, from the start of the clip
+    pause_at_ms: float  # stream time when the pause reached SCORE_AFTER_MS
+    audio_prob: float
+    text: str
+    score_ms: float
+    decode_ms: float
+
+    @property
+    def words(self) -> str:
+        return tdm.words_cue(self.text)
+
+    def end_silence_ms(self, eager: tdm.Eagerness, words: bool = True) -> int:
+        """The silence after which the stage ends the turn at this pause (``words=False``: Smart Turn alone, as before)."""
+        return eager.end_silence_ms(self.audio_prob, self.words if words else "empty")
+
+
+def _pauses(sp: Spoken, vad_model: Any) -> Iterable[tuple[np.ndarray, float, float]]:
+    """(turn audio at the score point, stream ms there, silence ms before speech resumed) per pause."""
+    from omni_rt.backends.vad import StreamingVAD
+
+    vad = StreamingVAD(vad_model, threshold=tdm.SEMANTIC_THRESHOLD, prefix_padding_ms=tdm.SEMANTIC_PREFIX_PADDING_MS,
+                       silence_duration_ms=10 ** 6)
+    turn_from: int | None = None
+    pending: tuple[np.ndarray, float] | None = None
+    pos = 0
+    while pos < sp.audio.size:
+        chunk = sp.audio[pos : pos + CHUNK]
+        silent_before = vad.silence_ms
+        for ev in vad.feed(chunk):
+            if ev.kind == "speech_started" and turn_from is None:
+                turn_from = int(ev.audio_ms * SR / 1000)
+        pos += chunk.size
+        if not vad.in_speech:
+            continue
+        if vad.silence_ms < silent_before and pending is not None:  # speech resumed after a scored pause
+            yield pending[0], pending[1], silent_before
+            pending = None
+        if pending is None and vad.silence_ms >= tdm.SCORE_AFTER_MS and silent_before < tdm.SCORE_AFTER_MS:
+            pending = (sp.audio[turn_from or 0 : pos].copy(), 1000 * pos / SR)
+    if pending is not None:
+        yield pending[0], pending[1], vad.silence_ms
+
+
+def score_set(spoken: Iterable[Spoken], vad_model: Any, turn_model: Any, transcriber: Any) -> list[PauseScore]:
+    out: list[PauseScore] = []
+    for sp in spoken:
+        for audio, at_ms, lasts in _pauses(sp, vad_model):
+            t0 = time.perf_counter()
+            prob = float(turn_model.predict(audio[-8 * SR :]))
+            t1 = time.perf_counter()
+            text = transcriber.transcribe(audio).strip()
+            t2 = time.perf_counter()
+            final = at_ms > sp.speech_end_ms
+            hesitation = not final and any(s / SR * 1000 <= at_ms <= e / SR * 1000 + 100 for s, e in sp.pauses)
+            out.append(PauseScore(f"{sp.variant}/{sp.item.text}", sp.item.kind, sp.item.shape, final, hesitation, lasts,
+                                  sp.speech_end_ms, at_ms, prob, text, round(1000 * (t1 - t0), 1), round(1000 * (t2 - t1), 1)))
+    return out
+
+
+def rates(scores: list[PauseScore], eagerness: str = "auto", words: bool = True) -> dict[str, Any]:
+    """Per eagerness: false end of turn (any pause inside an utterance outlasting its end silence) per hesitant
+    utterance and per complete one, and the end silence the verdict picks on complete speech."""
+    eager = tdm.EAGERNESS_SETTINGS[eagerness]
+    by_key: dict[str, list[PauseScore]] = {}
+    for s in scores:
+        by_key.setdefault(s.key, []).append(s)
+    false_end = {"hesitant": [0, 0], "complete": [0, 0]}
+    cut: list[str] = []
+    end_silence: list[int] = []
+    sure = 0
+    for key, pauses in by_key.items():
+        kind = pauses[0].kind
+        early = any(not p.final and p.lasts_ms >= p.end_silence_ms(eager, words) for p in pauses)
+        false_end[kind][0] += early
+        if early:
+            cut.append(key)
+        false_end[kind][1] += 1
+        finals = [p for p in pauses if p.final]
+        if finals and not early:
+            ms = finals[0].end_silence_ms(eager, words)
+            end_silence.append(ms)
+            sure += ms <= eager.complete_silence_ms
+    return {
+        "eagerness": eagerness,
+        "false_end_hesitant": false_end["hesitant"], "false_end_complete": false_end["complete"],
+        "endings": len(end_silence), "ended_sure": sure, "cut": cut,
+        "end_silence_ms": {"p50": _pct(end_silence, 50), "p95": _pct(end_silence, 95), "max": max(end_silence, default=None)},
+    }
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def distributions(scores: list[PauseScore]) -> dict[str, Any]:
+    """Smart Turn's score per kind of pause (p5/p50/p95) and how often each words cue occurs there."""
+    groups = {"complete: end": [s for s in scores if s.final],
+              "hesitation pause": [s for s in scores if s.hesitation],
+              "pause inside a part": [s for s in scores if not s.final and not s.hesitation]}
+    out: dict[str, Any] = {}
+    for name, ss in groups.items():
+        probs = [s.audio_prob for s in ss]
+        out[name] = {"n": len(ss), "audio_p5": _pct(probs, 5), "audio_p50": _pct(probs, 50), "audio_p95": _pct(probs, 95),
+                     "words": {c: sum(s.words == c for s in ss) for c in tdm.WORDS_CUES}}
+    return out
+
+
+def thinker_end_of_turn(texts: list[str]) -> list[float]:
+    """The CPU thinker's (SmolLM2-135M-Instruct) probability of its end-of-turn token ``<|im_end|>`` right after
+    each transcript as a user message: the text cue LiveKit's turn detector uses (with a model trained for it).
+    Measured here, not used by the stage (see ``omni_rt.contracts.turn_detection``)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from omni_rt.engine.weights import ensure_smollm2
+
+    path = ensure_smollm2()
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            ids = tok("<|im_start|>user\n" + text, return_tensors="pt").input_ids
+            out.append(float(torch.softmax(model(ids).logits[0, -1], -1)[eot]))
+    return out
+
+
+def load_scorers() -> tuple[Any, Any, Any]:
+    """The CPU preset's Silero VAD, Smart Turn and Whisper tiny.en (what the ASR stage runs)."""
+    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.turn_model import SmartTurnModel
+    from omni_rt.backends.vad import SileroVadModel
+
+    return SileroVadModel(), SmartTurnModel(), FasterWhisperASR()
+
+
+def main() -> None:
+    """``python -m latency_bench.turn_scores [--thinker]``: score the set and print the rates the eagerness table
+    rests on (``--thinker``: also the thinker's end-of-turn probability on the same transcripts)."""
+    import json
+    import sys
+
+    from latency_bench.turn_set import spoken_set
+
+    t0 = time.perf_counter()
+    scores = score_set(spoken_set(), *load_scorers())
+    print(f"{len(scores)} pauses scored in {time.perf_counter() - t0:.0f} s")
+    print(json.dumps(distributions(scores), indent=1))
+    for eagerness in ("low", "medium", "high"):
+        for words in (False, True):
+            r = rates(scores, eagerness, words)
+            print(f"{eagerness:6} {'audio+words' if words else 'audio only '}: false end hesitant {r['false_end_hesitant']}, "
+                  f"complete {r['false_end_complete']}; ended sure {r['ended_sure']}/{r['endings']}, end silence {r['end_silence_ms']}")
+            if words and eagerness == "medium":
+                print("   cut:", r["cut"])
+    if "--thinker" in sys.argv:  # the third cue, measured: does P(end of turn | transcript) separate them?
+        ends = [s for s in scores if s.final]
+        hes = [s for s in scores if s.hesitation]
+        p_end, p_hes = thinker_end_of_turn([s.text for s in ends]), thinker_end_of_turn([s.text for s in hes])
+        print(f"thinker P(<|im_end|>): complete endings p5/p50/p95 {_pct(p_end, 5):.3f}/{_pct(p_end, 50):.3f}/"
+              f"{_pct(p_end, 95):.3f}; hesitation pauses {_pct(p_hes, 5):.3f}/{_pct(p_hes, 50):.3f}/{_pct(p_hes, 95):.3f}")
+
+
+if __name__ == "__main__":
+    main()
