@@ -53,6 +53,7 @@ def create_ar_scheduler(
     answer_policy: dict[str, Any] | None = None,
     languages: list[str] | None = None,
     prefill_chunk_tokens: int | None = None,
+    history_tokens: int | None = None,
     random_init: bool = False,
     random_size: str = "full",
     **backend_kwargs: Any,
@@ -61,6 +62,8 @@ def create_ar_scheduler(
     model directory, or — for ``remote`` — the model name the server expects. ``tokenizer`` (a local path)
     overrides where ``scheduler.tokenizer`` comes from. ``sampling`` / ``answer_policy`` / ``languages``:
     the preset's decoding defaults, voice answer policy and the talker's languages (see ``ARScheduler``).
+    ``history_tokens``: the prompt tokens one session may keep (default: its share of ``kv_budget_tokens``
+    over ``max_batch_size`` slots, at most the context; ``omni_rt.engine.history``).
 
     ``llama.cpp`` runs ``model`` ("smollm2" = the packaged GGUF, or a ``.gguf`` path) on a managed
     ``llama-server`` (``omni_rt.engine.llama_cpp``): ``cpu_threads`` threads, ``max_batch_size`` slots,
@@ -91,6 +94,7 @@ def create_ar_scheduler(
                 ctx_size=kv_budget_tokens,
                 tokenizer=_try_tokenizer(tokenizer or (model if model == "smollm2" else None)),
                 default_max_tokens=default_max_tokens,
+                history_tokens=history_tokens,
                 **quality,
                 **{k: v for k, v in backend_kwargs.items() if k in ("cache_ram_mib", "read_timeout_s")},
                 extra_args=(*backend_kwargs.get("extra_args", ()), *(() if prefix_reuse else ("--no-cache-prompt",))),
@@ -143,6 +147,7 @@ def create_ar_scheduler(
             batch_wait_when_idle=batch_wait_when_idle,
             **quality,
             prefill_chunk_tokens=prefill_chunk_tokens,
+            history_tokens=history_tokens,
         )
     if backend == "remote":
         from omni_rt.engine.remote import RemoteScheduler
@@ -156,6 +161,7 @@ def create_ar_scheduler(
             api_key=api_key,
             name=name,
             default_max_tokens=default_max_tokens,
+            history_tokens=history_tokens,
             **quality,
             **backend_kwargs,
         )

@@ -251,6 +251,8 @@ class LlamaServer:
             *extra_args,
         ]  # fmt: skip
         self.log_path = Path(log_path) if log_path else cache_root() / "llama.cpp" / "logs" / f"llama-server-{os.getpid()}.log"
+        self.ctx_size, self.parallel = int(ctx_size), int(parallel)
+        self.props: dict[str, Any] = {}  # GET /props of the running server (its real slot context, slot count)
         self.restarts = 0
         self.proc: subprocess.Popen | None = None
         self._stop = threading.Event()
@@ -289,6 +291,20 @@ class LlamaServer:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=grace_s + 2)
         self._thread = None
+
+    @property
+    def slot_context(self) -> int:
+        """Tokens one request may hold, as the server reports it (``n_ctx`` per slot: the unified KV, capped
+        at the model's training context); what was asked for when the server did not say."""
+        n = (self.props.get("default_generation_settings") or {}).get("n_ctx")
+        return int(n) if isinstance(n, int) and n > 0 else self.ctx_size
+
+    def _read_props(self) -> None:
+        try:
+            with _NO_PROXY.open(self.base_url + "/props", timeout=2.0) as r:
+                self.props = json.loads(r.read())
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            log.warning("llama-server /props unreadable (%s); assuming %d tokens per slot", exc, self.ctx_size)
 
     def wait_ready(self, timeout_s: float) -> bool:
         """True once a live, healthy server is up (after a crash: the restarted one)."""
@@ -366,6 +382,7 @@ class LlamaServer:
                     self.port = free_port(self.host)
                 continue
             failures = 0
+            self._read_props()
             self._ready.set()
             log.info("llama-server pid %d ready on %s", proc.pid, self.base_url)
             while not self._stop.is_set():
@@ -407,6 +424,7 @@ def _make_scheduler_class():
 
     from omni_rt.engine.async_stream import Delta, UpstreamError
     from omni_rt.engine.constrained import closed, forced_tools, forces_call
+    from omni_rt.engine.history import HistoryWindow
     from omni_rt.engine.remote import RemoteScheduler, request_body
     from omni_rt.engine.request import GenRequest
     from omni_rt.engine.tools import detect_format, render_prompt
@@ -428,9 +446,10 @@ def _make_scheduler_class():
         """``RemoteScheduler`` over a managed ``llama-server``: start/stop own the process, and an answer
         broken by a crash fails with an error that says so (the supervisor restarts the server)."""
 
-        def __init__(self, server: LlamaServer, **kwargs: Any) -> None:
+        def __init__(self, server: LlamaServer, history_tokens: int | None = None, **kwargs: Any) -> None:
             super().__init__(server.base_url + "/v1", **kwargs)
             self.server = server
+            self.history_tokens = history_tokens
             self.logit_bias = language_logit_bias(self.tokenizer, self.languages)
 
         @property  # type: ignore[override]
@@ -443,6 +462,12 @@ def _make_scheduler_class():
 
         def start(self) -> None:
             self.server.start()
+            if self.tokenizer is not None:  # the server's real slot context and its KV shared by all slots
+                self.history = HistoryWindow(self.tokenizer, self.server.slot_context, kv_tokens=self.server.ctx_size,
+                                             slots=self.server.parallel, session_tokens=self.history_tokens, name=self.name)
+                log.info("%s: llama-server slot context %d tokens, %d slots over %d KV tokens: history budget %s",
+                         self.name, self.server.slot_context, self.server.parallel, self.server.ctx_size,
+                         self.history.describe())
             super().start()
 
         def stop(self) -> None:
@@ -518,13 +543,14 @@ def create_llama_cpp_scheduler(
     extra_args: Sequence[str] = (),
     tokenizer: Any = None,
     default_max_tokens: int = 256,
+    history_tokens: int | None = None,
     **remote_kwargs: Any,
 ):
     """A not-yet-started scheduler; ``start()`` launches the server and waits for its health."""
     server = LlamaServer(binary, gguf, threads=threads, parallel=parallel, ctx_size=ctx_size,
                          cache_ram_mib=cache_ram_mib, extra_args=extra_args)
     cls = _make_scheduler_class()
-    return cls(server, model="omni-rt-thinker", tokenizer=tokenizer, name=name,
+    return cls(server, history_tokens=history_tokens, model="omni-rt-thinker", tokenizer=tokenizer, name=name,
                default_max_tokens=default_max_tokens, dialect="llama.cpp", **remote_kwargs)
 
 

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Literal
 import httpx
 
 from omni_rt.engine.async_stream import AsyncStreamScheduler, Delta, UpstreamError
+from omni_rt.engine.history import HistoryWindow
 from omni_rt.engine.request import GenRequest, SamplingParams
 from omni_rt.engine.tools import chat_tools
 
@@ -136,7 +137,11 @@ class RemoteScheduler(AsyncStreamScheduler):
         sampling: dict[str, Any] | None = None,
         answer_policy: dict[str, Any] | None = None,
         languages: list[str] | None = None,
+        context_tokens: int | None = None,
+        history_tokens: int | None = None,
     ) -> None:
+        """``context_tokens``: the upstream's context per request, when known; with a local tokenizer the
+        history is then trimmed to it (or to ``history_tokens``) before it is sent (``omni_rt.engine.history``)."""
         super().__init__(
             name=name, default_max_tokens=default_max_tokens, tokenizer=tokenizer, sampling=sampling,
             answer_policy=answer_policy, languages=languages,
@@ -151,6 +156,8 @@ class RemoteScheduler(AsyncStreamScheduler):
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=10.0, pool=10.0)
         self._client: httpx.AsyncClient | None = None
+        if tokenizer is not None and (context_tokens or history_tokens):
+            self.history = HistoryWindow(tokenizer, int(context_tokens or history_tokens), session_tokens=history_tokens, name=name)
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.events import BETA_CLIENT_ALIASES
-from omni_rt.session.conversation import item_from_client
+from omni_rt.session.conversation import Item, check_item_tokens, item_from_client
 from omni_rt.session.response import truncate_text
 
 if TYPE_CHECKING:
@@ -46,8 +46,15 @@ def input_audio_clear(s: "RealtimeSession", event: dict[str, Any]) -> None:
     s.clear_audio()
 
 
+def _check_size(s: "RealtimeSession", item: Item, prefix: str = "item") -> Item:
+    lim = s.limits
+    if lim.item_tokens is not None and lim.max_item_tokens > 0:
+        check_item_tokens(item, lim.max_item_tokens, lim.item_tokens, lim.item_budget_note, prefix)
+    return item
+
+
 def item_create(s: "RealtimeSession", event: dict[str, Any]) -> None:
-    item = item_from_client(event.get("item"))
+    item = _check_size(s, item_from_client(event.get("item")))
     if item.type == "function_call_output" and s.conversation.call(item.call_id) is None:
         raise ProtocolError("invalid_value", f"no function_call with call_id '{item.call_id}' in the conversation",
                             "item.call_id")
@@ -126,7 +133,7 @@ def _input_items(s: "RealtimeSession", value: Any) -> list:
                                     f"response.input[{i}].id") from None
             continue
         try:
-            items.append(item_from_client(raw))
+            items.append(_check_size(s, item_from_client(raw)))
         except ProtocolError as exc:
             raise ProtocolError(exc.code, exc.message, f"response.input[{i}]" + (exc.param or "")[4:]) from None
     return items
