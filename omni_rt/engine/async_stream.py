@@ -70,6 +70,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
         self._loop: asyncio.AbstractEventLoop | None = None
         # the session token budget, once the upstream's context is known (set by a subclass, or not at all)
         self.history: HistoryWindow | None = None
+        self.prompt_ids: dict[str, list[int]] = {}  # request id -> its fitted prompt, until generate() starts
 
     def close_session(self, session_id: str) -> None:
         if self.history is not None:
@@ -137,7 +138,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
         if req.messages is not None:
             req.messages = steer_messages(req.messages, self.languages)
             try:
-                self._fit_history(req, data)
+                self._fit_history(rid, req, data)
             except PromptTooLong as exc:
                 self.emit_error(rid, exc, code="context_length_exceeded")
                 return
@@ -193,6 +194,8 @@ class AsyncStreamScheduler(ThreadedScheduler):
         except Exception as exc:
             self.emit_error(rid, exc, code="upstream_error")
             return
+        finally:
+            self.prompt_ids.pop(rid, None)
         if policy is not None and finish not in ("policy", "abort"):
             tail = policy.finish(finish or "stop")  # a cut ("length") ends at the last sentence boundary
             if tail:
@@ -215,13 +218,13 @@ class AsyncStreamScheduler(ThreadedScheduler):
             ),
         )
 
-    def _fit_history(self, req: GenRequest, data: Any) -> None:
+    def _fit_history(self, rid: str, req: GenRequest, data: Any) -> None:
         """Trim ``req.messages`` to the session's token budget (``omni_rt.engine.history``), as the built-in
         engine does, so the upstream never sees a prompt beyond its context or the session's share of its KV."""
         if self.history is None or self.tokenizer is None:
             return
         budget = self.history.prompt_budget(req.max_tokens, _num(data, "max_prompt_tokens", int, None, 1))
-        req.messages, _ = self.history.fit(
+        req.messages, self.prompt_ids[rid] = self.history.fit(
             req.session_id, req.messages, budget,
             render=lambda msgs: render_prompt(self.tokenizer, msgs, req.tools, req.tool_choice))
 

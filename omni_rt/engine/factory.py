@@ -12,6 +12,7 @@ from typing import Any, Literal
 from omni_rt.core.scheduler import ThreadedScheduler
 
 log = logging.getLogger(__name__)
+_LLAMA_KEYS = ("cache_ram_mib", "read_timeout_s", "batch_tokens", "unified_kv")  # llama.cpp-only stage args
 
 
 def _try_tokenizer(source: str | None):
@@ -96,7 +97,7 @@ def create_ar_scheduler(
                 default_max_tokens=default_max_tokens,
                 history_tokens=history_tokens,
                 **quality,
-                **{k: v for k, v in backend_kwargs.items() if k in ("cache_ram_mib", "read_timeout_s")},
+                **{k: v for k, v in backend_kwargs.items() if k in _LLAMA_KEYS},
                 extra_args=(*backend_kwargs.get("extra_args", ()), *(() if prefix_reuse else ("--no-cache-prompt",))),
             )
         log.warning(
@@ -106,7 +107,7 @@ def create_ar_scheduler(
             llama_cpp.build_dir(root) / llama_cpp.BINARY_NAME,
         )
         backend = "torch"
-        backend_kwargs = {k: v for k, v in backend_kwargs.items() if k not in ("cache_ram_mib", "extra_args", "read_timeout_s")}
+        backend_kwargs = {k: v for k, v in backend_kwargs.items() if k not in (*_LLAMA_KEYS, "extra_args")}
     if backend == "torch":
         if cpu_threads is not None and device == "cpu":
             import torch

@@ -57,6 +57,7 @@ class HistoryWindow:
         self._costs: OrderedDict[int, int] = OrderedDict()  # message key -> its token cost (bounded memo)
         self._cut: OrderedDict[str, tuple[int, int]] = OrderedDict()  # session -> (messages dropped, key of first kept)
         self._trimmed: OrderedDict[str, dict[str, int]] = OrderedDict()  # session -> its last trim, for state()
+        self._last_ids: OrderedDict[str, list[int]] = OrderedDict()  # session -> its last prompt (see ``new_tokens``)
         self.counters = {"trims": 0, "trimmed_messages": 0, "refused_prompts": 0}
 
     # ------------------------------------------------------------------ budgets
@@ -165,10 +166,27 @@ class HistoryWindow:
         log.info("%s: session %s history trimmed to fit %s: oldest %d messages dropped, %d kept (%d of %d prompt tokens)",
                  self.name, sid, self.describe(), keep_from, len(rest) - keep_from, prompt_tokens, budget)
 
+    def new_tokens(self, sid: str | None, ids: list[int]) -> int:
+        """Tokens of ``ids`` past the common prefix with the session's previous prompt: about what an engine
+        that cached that prompt must prefill now (remembered for the most recent ``_REPORTED * 4`` sessions)."""
+        if not sid:
+            return len(ids)
+        last = self._last_ids.pop(sid, [])
+        self._last_ids[sid] = ids
+        if len(self._last_ids) > _REPORTED * 4:
+            self._last_ids.popitem(last=False)
+        n = 0
+        for a, b in zip(last, ids):
+            if a != b:
+                break
+            n += 1
+        return len(ids) - n
+
     def forget(self, sid: str) -> None:
-        """A closed session: its cut and its trim record go (thread-safe: single dict operations)."""
+        """A closed session: its cut, trim record and last prompt go (thread-safe: single dict operations)."""
         self._cut.pop(sid, None)
         self._trimmed.pop(sid, None)
+        self._last_ids.pop(sid, None)
 
     def state(self) -> dict[str, Any]:
         """For ``/debug/state``: the budget, trim counters, and the last trim of recently trimmed sessions."""

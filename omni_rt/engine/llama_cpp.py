@@ -218,6 +218,14 @@ def _die_with_parent() -> None:
 class LlamaServer:
     """One supervised ``llama-server`` on a private 127.0.0.1 port.
 
+    Fairness (issue #26, measured with ``latency_bench.soak``): ``batch_tokens`` (``-b``/``-ub``, default 64
+    instead of 2048/512) bounds the tokens of one forward, so a heavy session's long prefill is cut into
+    64-token batches and the others' prompts and decode tokens join every batch instead of waiting behind
+    the whole prefill; per-slot KV (``unified_kv=False``: ``ctx_size / parallel`` tokens each) keeps each
+    session's prefix in its own slot and its attention over its own cells only — with one unified KV every
+    forward attends over every slot's cells, and an idle slot's prefix is copied out to the RAM cache and
+    cleared at each new request. The scheduler picks slots so a short new part goes first in each batch.
+
     A supervisor thread spawns it (in its own process group, with PDEATHSIG so it dies with us), waits for
     ``/health``, and respawns it when it exits unexpectedly. The spawn happens on that long-lived thread
     because PDEATHSIG fires when the *spawning thread* exits.
@@ -232,6 +240,8 @@ class LlamaServer:
         parallel: int = 4,
         ctx_size: int = 8192,
         cache_ram_mib: int = 256,
+        batch_tokens: int | None = 64,
+        unified_kv: bool = False,
         extra_args: Sequence[str] = (),
         host: str = "127.0.0.1",
         port: int | None = None,
@@ -246,8 +256,9 @@ class LlamaServer:
         self.args = [
             "-m", str(self.model), "--host", host, "--port", "{port}", "-a", "omni-rt-thinker",
             "-t", str(threads), "-tb", str(threads), "--poll", "0",
-            "-c", str(ctx_size), "--parallel", str(parallel), "--kv-unified", "--cont-batching",
-            "--cache-ram", str(cache_ram_mib), "--jinja", "--no-webui", "--metrics", "--slots",
+            "-c", str(ctx_size), "--parallel", str(parallel), "--kv-unified" if unified_kv else "--no-kv-unified",
+            "--cont-batching", "--cache-ram", str(cache_ram_mib), "--jinja", "--no-webui", "--metrics", "--slots",
+            *(("-b", str(batch_tokens), "-ub", str(batch_tokens)) if batch_tokens else ()),
             *extra_args,
         ]  # fmt: skip
         self.log_path = Path(log_path) if log_path else cache_root() / "llama.cpp" / "logs" / f"llama-server-{os.getpid()}.log"
@@ -294,8 +305,8 @@ class LlamaServer:
 
     @property
     def slot_context(self) -> int:
-        """Tokens one request may hold, as the server reports it (``n_ctx`` per slot: the unified KV, capped
-        at the model's training context); what was asked for when the server did not say."""
+        """Tokens one request may hold, as the server reports it (``n_ctx`` per slot: ``ctx_size / parallel``,
+        or the whole unified KV, capped at the model's training context); ``ctx_size`` when it did not say."""
         n = (self.props.get("default_generation_settings") or {}).get("n_ctx")
         return int(n) if isinstance(n, int) and n > 0 else self.ctx_size
 
@@ -421,6 +432,7 @@ def _make_scheduler_class():
     import asyncio
 
     import dataclasses
+    from collections import OrderedDict
 
     from omni_rt.engine.async_stream import Delta, UpstreamError
     from omni_rt.engine.constrained import closed, forced_tools, forces_call
@@ -446,10 +458,14 @@ def _make_scheduler_class():
         """``RemoteScheduler`` over a managed ``llama-server``: start/stop own the process, and an answer
         broken by a crash fails with an error that says so (the supervisor restarts the server)."""
 
-        def __init__(self, server: LlamaServer, history_tokens: int | None = None, **kwargs: Any) -> None:
+        def __init__(self, server: LlamaServer, history_tokens: int | None = None, heavy_prefill_tokens: int = 64,
+                     **kwargs: Any) -> None:
             super().__init__(server.base_url + "/v1", **kwargs)
             self.server = server
             self.history_tokens = history_tokens
+            self._slot_of: dict[str, tuple[int, bool]] = {}  # request in flight -> (its llama-server slot, heavy)
+            self._last_slot: OrderedDict[str, int] = OrderedDict()  # session -> the slot its last request used
+            self.heavy_prefill_tokens = heavy_prefill_tokens
             self.logit_bias = language_logit_bias(self.tokenizer, self.languages)
 
         @property  # type: ignore[override]
@@ -483,11 +499,47 @@ def _make_scheduler_class():
             has_tool_msgs = any(m.get("role") == "tool" or m.get("tool_calls") for m in req.messages)
             return bool(req.tools and req.tool_choice != "none") or has_tool_msgs
 
-        def request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
+        def request(self, req: GenRequest, request_id: str | None = None) -> tuple[str, dict[str, Any]]:
             path, body = self._request(req)
             if self.logit_bias:
                 body["logit_bias"] = self.logit_bias
+            if request_id in self._slot_of:
+                body["id_slot"] = self._slot_of[request_id][0]
             return path, body
+
+        def _take_slot(self, request_id: str, req: GenRequest) -> None:
+            """Pick the request's llama-server slot so a short new part goes first in every batch: llama-server
+            fills each batch of ``-b`` tokens slot by slot in slot order, so a bystander below a heavy prefill
+            gets its prompt and decode tokens into each batch and the prefill takes what is left. A session
+            keeps its last slot (its prefix is there) when that keeps the order; otherwise a short request takes
+            the lowest free slot, a long one (more than ``heavy_prefill_tokens`` new) the highest — llama-server
+            then saves that slot's prompt to its RAM cache and loads this session's from it."""
+            ids = self.prompt_ids.pop(request_id, None)
+            if ids is None or self.history is None:
+                return
+            sid = req.session_id
+            heavy = self.history.new_tokens(sid, ids) > self.heavy_prefill_tokens
+            busy = self._slot_of.values()
+            free = sorted(set(range(self.server.parallel)) - set(s for s, _ in busy))
+            if not free:
+                return  # llama-server queues it for the first slot to free up
+            last = self._last_slot.get(sid) if sid else None
+            if heavy:
+                keep = last in free and all(s < last for s, h in busy if not h)
+                slot = last if keep else free[-1]
+            else:
+                keep = last in free and all(s > last for s, h in busy if h)
+                slot = last if keep else free[0]
+            self._slot_of[request_id] = (slot, heavy)
+            if sid:
+                self._last_slot[sid] = slot
+                self._last_slot.move_to_end(sid)
+                if len(self._last_slot) > 1024:
+                    self._last_slot.popitem(last=False)
+
+        def close_session(self, session_id: str) -> None:
+            super().close_session(session_id)
+            self._last_slot.pop(session_id, None)
 
         def _request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
             if not self._own_tool_prompt(req):
@@ -507,6 +559,7 @@ def _make_scheduler_class():
         async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
             restarts, pid = self.server.restarts, self.server.proc.pid if self.server.proc else None
             framed = bool(req.tools) and forces_call(req.tool_choice) and self._own_tool_prompt(req)
+            self._take_slot(request_id, req)
             try:
                 if framed:  # the call's opening was part of the prompt: the parser sees the whole block
                     yield Delta(text=TOOL_OPEN)
@@ -527,6 +580,8 @@ def _make_scheduler_class():
                         code="engine_crashed",
                     ) from exc
                 raise
+            finally:
+                self._slot_of.pop(request_id, None)
 
     return LlamaCppScheduler
 
@@ -540,6 +595,8 @@ def create_llama_cpp_scheduler(
     parallel: int = 4,
     ctx_size: int = 8192,
     cache_ram_mib: int = 256,
+    batch_tokens: int | None = 64,
+    unified_kv: bool = False,
     extra_args: Sequence[str] = (),
     tokenizer: Any = None,
     default_max_tokens: int = 256,
@@ -547,8 +604,8 @@ def create_llama_cpp_scheduler(
     **remote_kwargs: Any,
 ):
     """A not-yet-started scheduler; ``start()`` launches the server and waits for its health."""
-    server = LlamaServer(binary, gguf, threads=threads, parallel=parallel, ctx_size=ctx_size,
-                         cache_ram_mib=cache_ram_mib, extra_args=extra_args)
+    server = LlamaServer(binary, gguf, threads=threads, parallel=parallel, ctx_size=ctx_size, cache_ram_mib=cache_ram_mib,
+                         batch_tokens=batch_tokens, unified_kv=unified_kv, extra_args=extra_args)
     cls = _make_scheduler_class()
     return cls(server, history_tokens=history_tokens, model="omni-rt-thinker", tokenizer=tokenizer, name=name,
                default_max_tokens=default_max_tokens, dialect="llama.cpp", **remote_kwargs)

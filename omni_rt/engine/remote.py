@@ -164,14 +164,14 @@ class RemoteScheduler(AsyncStreamScheduler):
             await self._client.aclose()
             self._client = None
 
-    def request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
+    def request(self, req: GenRequest, request_id: str | None = None) -> tuple[str, dict[str, Any]]:
         """The endpoint path and body for ``req`` (a subclass may speak an upstream's own dialect)."""
         return ("/chat/completions" if req.messages is not None else "/completions"), request_body(req, self.model, self.dialect)
 
     async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
         if self._client is None:  # created inside the loop thread it will live in
             self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
-        path, body = self.request(req)
+        path, body = self.request(req, request_id)
         url = self.base_url + path
         started = False
         for attempt in range(self.retries + 1):
