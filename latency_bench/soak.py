@@ -312,6 +312,7 @@ async def run_engine(args: Any, engine: str) -> dict[str, Any]:
         await _session(url, 98, "short", 3, solo, args.turn_timeout, float("inf"))
         await asyncio.sleep(1.0)
         start = _proc(pid)
+        warm_samples = len(rss)  # RSS is judged from here (after the warm-up loaded what it loads once)
         t0 = time.perf_counter()
         t_stop = t0 + args.max_s
         await asyncio.gather(*(
@@ -334,7 +335,8 @@ async def run_engine(args: Any, engine: str) -> dict[str, Any]:
             "sessions": sessions, "turns": turns, "quick": bool(args.quick), "wall_s": round(wall, 1),
             "marathon_turns": marathon_turns, "marathon_wall_s": round(marathon_wall, 1),
             "summary": summarize(stats, solo.turns),
-            "server_start": start, "server_end": end, "rss_samples_mb": rss,
+            "server_start": start, "server_end": end, "rss_samples_mb": rss[warm_samples:],
+            "rss_warmup_samples_mb": rss[:warm_samples],
             "debug_state_end": _debug_state(http_url),
             "error_codes": codes,
             "turn_records": [t.__dict__ for t in stats.turns],
@@ -350,7 +352,7 @@ def verdict(result: dict[str, Any]) -> str:
     s, rss = result["summary"], result["rss_samples_mb"]
     spread = round(max(rss) - min(rss), 1) if rss else None
     return (f"{result['engine']:9} bystander/solo TTFT {s['bystander_ttft_ratio_p50']}x TTFA {s['bystander_ratio_p50']}x; "
-            f"RSS spread {spread} MB; long session {s['marathon']['ok']}/{s['marathon']['turns']} answered, "
+            f"RSS over the run {min(rss) if rss else None}..{max(rss) if rss else None} MB (spread {spread}); long session {s['marathon']['ok']}/{s['marathon']['turns']} answered, "
             f"{len(s['marathon']['failures'])} failed; mix failures "
             f"{sum(len(s[c]['failures']) for c in CLASSES)}")
 

@@ -143,3 +143,45 @@ def torch_server(tmp_path_factory):
 
 async def test_long_session_of_big_turns_stays_answered_on_the_builtin_engine(torch_server):
     await _long_session(torch_server, turns=6)
+
+
+def test_items_and_instructions_too_large_for_any_prompt_are_refused_naming_the_field(tokenizer):
+    """The session gets the thinker's window through its limits (as the server passes it) and refuses, at
+    creation, an item or instructions no prompt could hold; the same text one size down is accepted."""
+    from omni_rt.session.core import RealtimeSession, SessionLimits
+
+    w = HistoryWindow(tokenizer, 8192, kv_tokens=8192, slots=8)
+    s = RealtimeSession(limits=SessionLimits(item_tokens=w.count, max_item_tokens=w.max_item_tokens,
+                                             item_budget_note=f" ({w.describe()})"))
+    s.open()
+    s.events_to_send()
+    too_big, fits = big_turn(0, 900), big_turn(0, 300)
+    assert w.count(too_big) > w.max_item_tokens >= w.count(fits)
+
+    def send(event: dict[str, Any]) -> list[dict[str, Any]]:
+        s.receive_event(event)
+        out = s.events_to_send()
+        for e in out:
+            validate_event(e)
+        return out
+
+    cases = [
+        ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": too_big}]}}, "item.content[0].text"),
+        ({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c1", "output": too_big}},
+         None),  # no such call: refused for that first (unknown call_id)
+        ({"type": "session.update", "session": {"type": "realtime", "instructions": too_big}}, "session.instructions"),
+        ({"type": "response.create", "response": {"instructions": too_big}}, "response.instructions"),
+    ]
+    for event, param in cases:
+        out = send(event)
+        assert [e["type"] for e in out] == ["error"], out
+        if param is not None:
+            err = out[0]["error"]
+            assert err["code"] == "context_length_exceeded" and err["param"] == param, err
+            assert str(w.max_item_tokens) in err["message"] and "1024 tokens per session" in err["message"], err
+    assert s.conversation.items == [] and s.response is None
+    out = send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": fits}]}})
+    assert [e["type"] for e in out] == ["conversation.item.added", "conversation.item.done"], out
+    assert [e["type"] for e in send({"type": "session.update", "session": {"type": "realtime", "instructions": fits}})] == ["session.updated"]

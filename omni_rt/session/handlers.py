@@ -23,7 +23,17 @@ def session_update(s: "RealtimeSession", event: dict[str, Any]) -> None:
         raise ProtocolError("missing_required_parameter", "session.update needs 'session'", "session")
     candidate = s.config.copy()
     candidate.update(event["session"])  # validate fully before applying anything
+    if candidate.instructions != s.config.instructions:
+        _check_instructions(s, candidate.instructions, "session.instructions")
     s.apply_config(candidate)
+
+
+def _check_instructions(s: "RealtimeSession", text: str, param: str) -> None:
+    """Instructions open every prompt: larger than any prompt can hold, every answer would fail."""
+    lim = s.limits
+    if text and lim.item_tokens is not None and lim.max_item_tokens > 0 and (n := lim.item_tokens(text)) > lim.max_item_tokens:
+        raise ProtocolError("context_length_exceeded", f"{param} is about {n} tokens; at most {lim.max_item_tokens} fit a "
+                            f"prompt of this thinker{lim.item_budget_note}", param)
 
 
 def input_audio_append(s: "RealtimeSession", event: dict[str, Any]) -> None:
@@ -162,6 +172,8 @@ def response_create(s: "RealtimeSession", event: dict[str, Any]) -> None:
     except ProtocolError as exc:
         param = exc.param or ""
         raise ProtocolError(exc.code, exc.message, "response." + param.removeprefix("session.").removeprefix("response.")) from None
+    if "instructions" in params:
+        _check_instructions(s, cfg.instructions, "response.instructions")
     conversation = params.get("conversation", "auto")
     if conversation not in ("auto", "none"):
         raise ProtocolError("invalid_value", "response.conversation must be 'auto' or 'none'", "response.conversation")
