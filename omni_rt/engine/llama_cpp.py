@@ -218,10 +218,12 @@ def _die_with_parent() -> None:
 class LlamaServer:
     """One supervised ``llama-server`` on a private 127.0.0.1 port.
 
-    Fairness (issue #26, measured with ``latency_bench.soak``): ``batch_tokens`` (``-b``/``-ub``, default 64
-    instead of 2048/512) bounds the tokens of one forward, so a heavy session's long prefill is cut into
-    64-token batches and the others' prompts and decode tokens join every batch instead of waiting behind
-    the whole prefill; per-slot KV (``unified_kv=False``: ``ctx_size / parallel`` tokens each) keeps each
+    Fairness (issue #26, measured with ``latency_bench.soak``, heavy + bystander + dropper, 2 shared cores):
+    ``batch_tokens`` (``-b``/``-ub``, default 16 instead of 2048/512) bounds the tokens of one forward, so a
+    heavy session's long prefill is cut into 16-token batches that the others' prompts and decode tokens join
+    instead of waiting behind the whole prefill. Bystander first-token / solo: 24.6x with the old flags,
+    8.1x at 64, 4.9x at 32, 2.3x at 16, 1.8x at 8 (one run each, n=3-5); a lone 400-word prompt took the same
+    ~2.5 s at 16, 64 and 2048, and 8 leaves a new prompt only one token per step beside 7 decoding slots; per-slot KV (``unified_kv=False``: ``ctx_size / parallel`` tokens each) keeps each
     session's prefix in its own slot and its attention over its own cells only — with one unified KV every
     forward attends over every slot's cells, and an idle slot's prefix is copied out to the RAM cache and
     cleared at each new request. The scheduler picks slots so a short new part goes first in each batch.
@@ -240,7 +242,7 @@ class LlamaServer:
         parallel: int = 4,
         ctx_size: int = 8192,
         cache_ram_mib: int = 256,
-        batch_tokens: int | None = 64,
+        batch_tokens: int | None = 16,
         unified_kv: bool = False,
         extra_args: Sequence[str] = (),
         host: str = "127.0.0.1",
@@ -595,7 +597,7 @@ def create_llama_cpp_scheduler(
     parallel: int = 4,
     ctx_size: int = 8192,
     cache_ram_mib: int = 256,
-    batch_tokens: int | None = 64,
+    batch_tokens: int | None = 16,
     unified_kv: bool = False,
     extra_args: Sequence[str] = (),
     tokenizer: Any = None,
