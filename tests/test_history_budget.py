@@ -107,6 +107,7 @@ async def _long_session(server, turns: int) -> None:
         prompts = [r["usage"]["input_tokens"] for r in done]
         state = (await asyncio.to_thread(httpx.get, f"{server.http_url}/debug/state", timeout=10)).json()
         history = state["cache"]["thinker"]["history"]
+        assert history["session_tokens"] == 1024, history  # 8192 KV tokens over 8 slots on both engines
         assert max(prompts) <= history["session_tokens"], (prompts, history)
         assert history["trims"] >= 1 and history["trimmed_messages"] >= 2, history
         assert len(history["sessions"]) >= 1, history  # this open session's last trim
@@ -131,6 +132,32 @@ async def _long_session(server, turns: int) -> None:
 @pytest.mark.skipif(locate_binary() is None, reason="llama-server not built (python -m omni_rt.engine.llama_cpp build)")
 async def test_long_session_of_big_turns_stays_answered_on_llama_cpp(live_server):
     await _long_session(live_server, turns=8)
+    history = httpx.get(f"{live_server.http_url}/debug/state", timeout=10).json()["cache"]["thinker"]["history"]
+    assert history["context_tokens"] == 1024, history  # llama-server's own slot n_ctx (/props): per-slot KV
+
+
+def test_short_requests_take_lower_llama_slots_than_heavy_prefills(tokenizer):
+    """llama-server fills each batch slot by slot in slot order: a short new part must sit below a heavy one."""
+    from omni_rt.engine.llama_cpp import LlamaServer, _make_scheduler_class
+    from omni_rt.engine.request import parse_request
+
+    server = LlamaServer("/bin/true", "unused.gguf", parallel=4)  # never started: slot choice is host-side
+    assert server.args[server.args.index("-b") + 1] == "16" and "--no-kv-unified" in server.args
+    sched = _make_scheduler_class()(server, tokenizer=tokenizer, model="m", name="t", dialect="llama.cpp")
+    sched.history = HistoryWindow(tokenizer, 1024)
+
+    def take(rid: str, sid: str, n_new: int, prefix: list[int] | None = None) -> int:
+        req = parse_request({"messages": [{"role": "user", "content": "x"}], "session_id": sid}, 8, {}, None)
+        sched.prompt_ids[rid] = (prefix or []) + list(range(100, 100 + n_new))
+        sched._take_slot(rid, req)
+        return sched.request(req, rid)[1]["id_slot"]
+
+    assert take("h1", "heavy", 500) == 3  # a long prefill: the highest slot
+    assert take("s1", "short", 20) == 0  # a bystander: the lowest, ahead of it in every batch
+    sched._slot_of.pop("s1")
+    assert take("s2", "short", 10, prefix=list(range(100, 120))) == 0  # keeps its slot (its prefix is there)
+    assert take("h2", "other", 400) == 2  # a second heavy one: the highest free
+    assert set(sched._slot_of) == {"h1", "s2", "h2"}
 
 
 @pytest.fixture(scope="module")
