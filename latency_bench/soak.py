@@ -1,29 +1,37 @@
-"""Soak benchmark: N sessions x M turns against a real server, mixed long and short turns, some clients
-dropping mid-answer — does the server stay fair and give its memory back?
+"""Soak benchmark: heavy + bystander + dropper sessions against a real server, on each thinker engine in one
+command, then one long session — does the server stay fair, answer every turn, and give its memory back?
 
-    python -m latency_bench.soak --quick          # 4 sessions x 3 turns (< 3 min on 2 cores)
-    python -m latency_bench.soak                  # 8 sessions x 6 turns (< 10 min on 2 cores)
+    python -m latency_bench.soak --quick          # both engines: 4 sessions x 3 turns, a 12-turn long session
+    python -m latency_bench.soak                  # both engines: 8 sessions x 6 turns, a 100-turn long session
+    python -m latency_bench.soak --engines llama.cpp            # one engine only (llama.cpp, torch)
     python -m latency_bench.soak --url ws://127.0.0.1:8000 --pid 1234   # a running server
 
-Session classes (assigned round-robin by index):
-* ``long``    — each turn a ~300-word user text item (the heavy user of issue #12);
-* ``short``   — each turn a short question (the bystander whose first audio must stay near its solo value);
-* ``dropper`` — a short question, then the socket is closed at the first audio delta (a client vanishing
-  mid-answer); the next turn opens a new session.
+Per engine (``llama.cpp`` = the CPU preset, ``torch`` = ``latency_bench/presets/torch.yaml``) a fresh server runs:
+1. a ``short`` solo baseline on the idle server (after one unrecorded warm-up turn);
+2. the mix, session classes assigned round-robin by index:
+   * ``long``    — each turn a ~300-word user text item (the heavy user of issues #12 and #26);
+   * ``short``   — each turn a short question (the bystander whose first audio must stay near its solo value);
+   * ``dropper`` — a short question, then the socket is closed at the first audio delta (a client vanishing
+     mid-answer); the next turn opens a new session;
+3. ``marathon`` — one session of many turns of ~400 words (issue #27: from turn 19 every answer failed before
+   the history had a token budget); it must end with 0 failed turns.
 Turns are text (``conversation.item.create`` + ``response.create``), so the figures isolate the thinker,
 talker and session layer; the ASR's commit fairness has its own regression test (tests/test_asr_fairness.py).
 
-TTFA here = ``response.create`` sent -> first ``response.output_audio.delta`` received (client clock). A
-``short`` solo baseline is measured first on the idle server. Reported: TTFA p50/p95 per class, failures
-(error events, timeouts, responses not completed), server RSS and open file descriptors at start and end
-(Linux ``/proc``), and ``/debug/state`` after the run (cached prefixes of closed sessions must be 0).
-The machine is usually shared: numbers are noisy; compare classes within one run, not across runs.
+TTFA here = ``response.create`` sent -> first ``response.output_audio.delta`` received (client clock); TTFT =
+-> first transcript delta (the thinker's first token as the client sees it). The bystander ratio is the
+``short`` class's p50 under load over its solo p50 — both measured in the same run, on the same server, so
+the ratio is fair even on a shared machine (absolute numbers are noisy; compare within one run). Reported:
+TTFA/TTFT p50/p95 per class, failures (error events, timeouts, responses not completed), the RSS of the
+server and its children (llama-server) sampled every second over the run, open file descriptors, and
+``/debug/state`` after the run (cached prefixes of closed sessions must be 0; the history trims).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -35,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from latency_bench.realtime_bench import Server
+from latency_bench.realtime_bench import PRESETS_DIR, Server
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SHORT = ["What is the capital of France?", "How many legs does a spider have?", "Who wrote Romeo and Juliet?",
@@ -43,6 +51,7 @@ SHORT = ["What is the capital of France?", "How many legs does a spider have?", 
 _FILLER = ("I have been thinking about my garden this spring and the tomatoes the beans the roses and the small "
            "apple tree near the fence that my grandmother planted many years ago when she first moved here ").split()
 CLASSES = ("long", "short", "dropper")
+ENGINES = {"llama.cpp": "cpu", "torch": str(PRESETS_DIR / "torch.yaml")}  # engine -> preset it is served by
 
 
 def long_text(turn: int, words: int = 300) -> str:
@@ -56,8 +65,11 @@ class TurnResult:
     session: int
     turn: int
     ttfa_s: float | None = None
+    ttft_s: float | None = None
     status: str = "pending"  # completed | dropped | failed | timeout
     detail: str = ""
+    input_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 @dataclass
@@ -97,6 +109,8 @@ async def _turn(ws, text: str, res: TurnResult, stats: Stats, drop: bool, timeou
         except (asyncio.TimeoutError, TimeoutError):
             continue
         kind = ev.get("type")
+        if kind == "response.output_audio_transcript.delta" and res.ttft_s is None:
+            res.ttft_s = time.perf_counter() - t0
         if kind == "response.output_audio.delta" and res.ttfa_s is None:
             res.ttfa_s = time.perf_counter() - t0
             if drop:
@@ -109,6 +123,9 @@ async def _turn(ws, text: str, res: TurnResult, stats: Stats, drop: bool, timeou
             res.status = "completed" if status == "completed" else "failed"
             details = (ev.get("response") or {}).get("status_details")
             res.detail = "" if status == "completed" else json.dumps(details)[:200]
+            usage = (ev.get("response") or {}).get("usage") or {}
+            res.input_tokens = usage.get("input_tokens")
+            res.cached_tokens = (usage.get("input_token_details") or {}).get("cached_tokens")
             return
 
 
@@ -136,7 +153,12 @@ async def _session(url: str, idx: int, cls: str, turns: int, stats: Stats, timeo
             try:
                 if ws is None:
                     ws = await _connect(url)
-                text = long_text(turn + 10 * idx) if cls == "long" else SHORT[(turn + idx) % len(SHORT)]
+                if cls == "marathon":
+                    text = long_text(turn, words=400)
+                elif cls == "long":
+                    text = long_text(turn + 10 * idx)
+                else:
+                    text = SHORT[(turn + idx) % len(SHORT)]
                 await _turn(ws, text, res, stats, drop=cls == "dropper", timeout=timeout)
             except (asyncio.TimeoutError, TimeoutError):
                 res.status = "timeout"
@@ -146,21 +168,51 @@ async def _session(url: str, idx: int, cls: str, turns: int, stats: Stats, timeo
             if cls == "dropper" and ws is not None:
                 await ws.close()  # vanishes mid-answer; the next turn is a new session
                 ws = None
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3 if cls != "marathon" else 0.05)
     finally:
         if ws is not None:
             await ws.close()
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the server and its llama-server child)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")) / 1024
+
+
 def _proc(pid: int | None) -> dict[str, Any]:
+    """RSS of the server process and of it with its children; its open file descriptors (Linux ``/proc``)."""
     if pid is None:
         return {}
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
-        rss_kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-        return {"rss_mb": round(rss_kb / 1024, 1), "open_fds": len(os.listdir(f"/proc/{pid}/fd"))}
+        total = 0.0
+        for p in _tree(pid):
+            with contextlib.suppress(OSError, StopIteration, ValueError):
+                total += _rss_mb(p)
+        return {"rss_mb": round(_rss_mb(pid), 1), "rss_tree_mb": round(total, 1), "open_fds": len(os.listdir(f"/proc/{pid}/fd"))}
     except (OSError, StopIteration, ValueError):
         return {}
+
+
+async def _sample_rss(pid: int | None, out: list[float], period_s: float = 1.0) -> None:
+    """RSS (server + children, MB) every ``period_s`` until cancelled."""
+    while pid is not None:
+        if (mb := _proc(pid).get("rss_tree_mb")) is not None:
+            out.append(mb)
+        await asyncio.sleep(period_s)
 
 
 def _debug_state(http_url: str) -> dict[str, Any]:
@@ -179,67 +231,88 @@ def _pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def summarize(stats: Stats, solo: list[float]) -> dict[str, Any]:
-    out: dict[str, Any] = {"solo_short_ttfa_p50_ms": round(statistics.median(solo) * 1000) if solo else None}
-    for cls in CLASSES:
+def _ms(xs: list[float], q: float) -> int | None:
+    return round(_pct(xs, q) * 1000) if xs else None
+
+
+def summarize(stats: Stats, solo: list[TurnResult]) -> dict[str, Any]:
+    solo_ttfa = [t.ttfa_s for t in solo if t.ttfa_s is not None]
+    solo_ttft = [t.ttft_s for t in solo if t.ttft_s is not None]
+    out: dict[str, Any] = {"solo_short_ttfa_p50_ms": _ms(solo_ttfa, 0.5), "solo_short_ttft_p50_ms": _ms(solo_ttft, 0.5)}
+    for cls in (*CLASSES, "marathon"):
         rows = [t for t in stats.turns if t.cls == cls]
         ttfa = [t.ttfa_s for t in rows if t.ttfa_s is not None]
+        ttft = [t.ttft_s for t in rows if t.ttft_s is not None]
         ok = "dropped" if cls == "dropper" else "completed"
         out[cls] = {
             "turns": len(rows),
             "ok": sum(t.status == ok for t in rows),
             "failures": [f"s{t.session}t{t.turn}:{t.status}{(' ' + t.detail) if t.detail else ''}"
                          for t in rows if t.status != ok],
-            "ttfa_p50_ms": round(_pct(ttfa, 0.5) * 1000) if ttfa else None,
-            "ttfa_p95_ms": round(_pct(ttfa, 0.95) * 1000) if ttfa else None,
+            "ttfa_p50_ms": _ms(ttfa, 0.5), "ttfa_p95_ms": _ms(ttfa, 0.95),
+            "ttft_p50_ms": _ms(ttft, 0.5), "ttft_p95_ms": _ms(ttft, 0.95),
         }
-    base, loaded = out["solo_short_ttfa_p50_ms"], out["short"]["ttfa_p50_ms"]
-    out["bystander_ratio_p50"] = round(loaded / base, 2) if base and loaded else None
+        if cls in ("long", "marathon"):
+            out[cls]["input_tokens_max"] = max((t.input_tokens or 0 for t in rows), default=0)
+            out[cls]["turns_with_cached_prefix"] = sum(1 for t in rows if (t.cached_tokens or 0) > 0)
+    for key, metric in (("bystander_ratio_p50", "ttfa"), ("bystander_ttft_ratio_p50", "ttft")):
+        base, loaded = out[f"solo_short_{metric}_p50_ms"], out["short"][f"{metric}_p50_ms"]
+        out[key] = round(loaded / base, 2) if base and loaded else None
     return out
 
 
 def table(result: dict[str, Any]) -> str:
     s = result["summary"]
-    lines = [f"soak: {result['sessions']} sessions x {result['turns']} turns, {result['wall_s']} s "
+    lines = [f"soak [{result['engine']}]: {result['sessions']} sessions x {result['turns']} turns in {result['wall_s']} s, "
+             f"then a {result['marathon_turns']}-turn long session in {result['marathon_wall_s']} s "
              f"({result['when']}; shared machine: noisy)",
-             f"{'class':8} {'turns':>5} {'ok':>4} {'fail':>4} {'TTFA p50':>9} {'TTFA p95':>9}"]
-    for cls in CLASSES:
+             f"{'class':8} {'turns':>5} {'ok':>4} {'fail':>4} {'TTFT p50':>9} {'TTFA p50':>9} {'TTFA p95':>9}"]
+    for cls in (*CLASSES, "marathon"):
         c = s[cls]
-        lines.append(f"{cls:8} {c['turns']:5d} {c['ok']:4d} {len(c['failures']):4d} "
+        lines.append(f"{cls:8} {c['turns']:5d} {c['ok']:4d} {len(c['failures']):4d} {str(c['ttft_p50_ms']) + ' ms':>9} "
                      f"{str(c['ttfa_p50_ms']) + ' ms':>9} {str(c['ttfa_p95_ms']) + ' ms':>9}")
-    lines.append(f"short solo TTFA p50 {s['solo_short_ttfa_p50_ms']} ms; "
-                 f"bystander p50 ratio {s['bystander_ratio_p50']}x")
+    lines.append(f"short solo TTFT p50 {s['solo_short_ttft_p50_ms']} ms, TTFA p50 {s['solo_short_ttfa_p50_ms']} ms; "
+                 f"bystander/solo p50: TTFT {s['bystander_ttft_ratio_p50']}x, TTFA {s['bystander_ratio_p50']}x")
+    for cls in ("long", "marathon"):
+        lines.append(f"{cls}: prompt at most {s[cls].get('input_tokens_max')} tokens; "
+                     f"{s[cls].get('turns_with_cached_prefix')} of {s[cls]['turns']} turns reused a cached prefix")
     a, b = result["server_start"], result["server_end"]
-    lines.append(f"server RSS {a.get('rss_mb')} -> {b.get('rss_mb')} MB; "
+    rss = result["rss_samples_mb"]
+    lines.append(f"server+children RSS {a.get('rss_tree_mb')} -> {b.get('rss_tree_mb')} MB "
+                 f"(sampled {min(rss) if rss else None}..{max(rss) if rss else None} MB over {len(rss)} s); "
                  f"open FDs {a.get('open_fds')} -> {b.get('open_fds')}")
     st = result.get("debug_state_end") or {}
+    cache = st.get("cache") or {}
     lines.append(f"/debug/state after: total={st.get('total')} sessions={st.get('sessions')} "
-                 f"cache={json.dumps(st.get('cache') or st.get('thinker_cache') or 'not exposed')}")
+                 f"cache={json.dumps(cache or 'not exposed')[:600]}")
     errs = result["error_codes"]
     if errs:
         lines.append(f"error events: {errs}")
     return "\n".join(lines)
 
 
-async def run(args: Any) -> dict[str, Any]:
+async def run_engine(args: Any, engine: str) -> dict[str, Any]:
+    """One engine: a fresh server (or ``--url``), the solo baseline, the mix, then the long session."""
     sessions, turns = (4, 3) if args.quick else (8, 6)
     sessions, turns = args.sessions or sessions, args.turns or turns
+    marathon_turns = args.marathon_turns if args.marathon_turns is not None else (12 if args.quick else 100)
     server = None
     if args.url:
         url, http_url, pid = args.url, args.url.replace("ws", "http", 1), args.pid
     else:
         log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="soak-"))
-        server = Server(args.preset, "soak", log_dir, max_sessions=max(16, 2 * sessions)).start()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        server = Server(ENGINES[engine], f"soak-{engine}", log_dir, max_sessions=max(16, 2 * sessions)).start()
         url, http_url, pid = server.ws_url, server.http_url, server.proc.pid
+    rss: list[float] = []
+    sampler = asyncio.create_task(_sample_rss(pid, rss))
     try:
-        stats = Stats()
-        warm = Stats()
+        stats, warm, solo = Stats(), Stats(), Stats()
         await _session(url, 99, "short", 1, warm, args.turn_timeout, float("inf"))  # unrecorded warm-up
-        solo_stats = Stats()
-        await _session(url, 98, "short", 3, solo_stats, args.turn_timeout, float("inf"))
-        solo = [t.ttfa_s for t in solo_stats.turns if t.ttfa_s is not None]
+        await _session(url, 98, "short", 3, solo, args.turn_timeout, float("inf"))
         await asyncio.sleep(1.0)
         start = _proc(pid)
+        warm_samples = len(rss)  # RSS is judged from here (after the warm-up loaded what it loads once)
         t0 = time.perf_counter()
         t_stop = t0 + args.max_s
         await asyncio.gather(*(
@@ -247,6 +320,10 @@ async def run(args: Any) -> dict[str, Any]:
             for i in range(sessions)
         ))
         wall = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        if marathon_turns:
+            await _session(url, 50, "marathon", marathon_turns, stats, args.turn_timeout, float("inf"))
+        marathon_wall = time.perf_counter() - t1
         await asyncio.sleep(3.0)  # let closed sessions be reaped before the end figures
         end = _proc(pid)
         codes: dict[str, int] = {}
@@ -254,26 +331,50 @@ async def run(args: Any) -> dict[str, Any]:
             codes[str(e.get("code"))] = codes.get(str(e.get("code")), 0) + 1
         return {
             "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "preset": args.preset if not args.url else args.url,
+            "engine": engine if not args.url else args.url, "preset": ENGINES[engine] if not args.url else args.url,
             "sessions": sessions, "turns": turns, "quick": bool(args.quick), "wall_s": round(wall, 1),
-            "summary": summarize(stats, solo),
-            "server_start": start, "server_end": end,
+            "marathon_turns": marathon_turns, "marathon_wall_s": round(marathon_wall, 1),
+            "summary": summarize(stats, solo.turns),
+            "server_start": start, "server_end": end, "rss_samples_mb": rss[warm_samples:],
+            "rss_warmup_samples_mb": rss[:warm_samples],
             "debug_state_end": _debug_state(http_url),
             "error_codes": codes,
             "turn_records": [t.__dict__ for t in stats.turns],
         }
     finally:
+        sampler.cancel()
         if server is not None:
             server.stop()
+
+
+def verdict(result: dict[str, Any]) -> str:
+    """One line per engine: the figures the issues hold (bystander <= 2x solo, RSS flat, 0 failed long turns)."""
+    s, rss = result["summary"], result["rss_samples_mb"]
+    spread = round(max(rss) - min(rss), 1) if rss else None
+    return (f"{result['engine']:9} bystander/solo TTFT {s['bystander_ttft_ratio_p50']}x TTFA {s['bystander_ratio_p50']}x; "
+            f"RSS over the run {min(rss) if rss else None}..{max(rss) if rss else None} MB (spread {spread}); long session {s['marathon']['ok']}/{s['marathon']['turns']} answered, "
+            f"{len(s['marathon']['failures'])} failed; mix failures "
+            f"{sum(len(s[c]['failures']) for c in CLASSES)}")
+
+
+async def run(args: Any) -> dict[str, Any]:
+    engines = ["remote"] if args.url else args.engines
+    results = {}
+    for engine in engines:
+        results[engine] = await run_engine(args, engine)
+        print(table(results[engine]), flush=True)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m latency_bench.soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="4 sessions x 3 turns (< 3 min)")
+    p.add_argument("--quick", action="store_true", help="4 sessions x 3 turns and a 12-turn long session per engine")
+    p.add_argument("--engines", default="llama.cpp,torch", type=lambda v: [e for e in v.split(",") if e],
+                   help=f"comma-separated, of {', '.join(ENGINES)} (default both), or LABEL=PRESET_PATH (a variant)")
+    p.add_argument("--marathon-turns", type=int, default=None, help="turns of the long session (default 100, 12 quick)")
     p.add_argument("--sessions", type=int, default=None)
     p.add_argument("--turns", type=int, default=None)
-    p.add_argument("--preset", default="cpu")
     p.add_argument("--url", default=None, help="ws://HOST:PORT of a running server")
     p.add_argument("--pid", type=int, default=None, help="that server's pid, for RSS and FDs")
     p.add_argument("--turn-timeout", type=float, default=90.0)
@@ -282,6 +383,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", default=None)
     p.add_argument("--out", default=None, help="JSON path (default latency_bench/results/soak[-quick].json)")
     args = p.parse_args(argv)
+    for e in args.engines:
+        if "=" in e:
+            label, path = e.split("=", 1)
+            ENGINES[label] = path
+    args.engines = [e.split("=", 1)[0] for e in args.engines]
+    unknown = [e for e in args.engines if e not in ENGINES]
+    if unknown:
+        p.error(f"unknown engine(s) {unknown}; choose from {list(ENGINES)}")
     if args.max_s is None:
         args.max_s = 120.0 if args.quick else 480.0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -289,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or RESULTS_DIR / ("soak-quick.json" if args.quick else "soak.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    print(table(result))
+    for r in result.values():
+        print(verdict(r))
     print(f"JSON: {out}")
     return 0
 

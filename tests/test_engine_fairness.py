@@ -123,7 +123,7 @@ def test_long_turn_session_all_answered_with_token_trim_and_prefix_reuse(tiny_ch
         assert len(reused) >= 9, [(r["prompt_tokens"], r["cached_tokens"]) for r in results]
         assert len(trims) <= 4, prompts
         # instructions kept, newest turn kept, oldest turn gone
-        ids = sched._fit_messages("probe", msgs + [{"role": "user", "content": "last question"}], 2000)
+        _, ids = sched.history.fit("probe", msgs + [{"role": "user", "content": "last question"}], 2000)
         text = sched.tokenizer.decode(ids)
         assert text.count(SYSTEM["content"]) == 1 and "last question" in text and "turn 0." not in text
     finally:

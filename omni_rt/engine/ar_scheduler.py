@@ -19,10 +19,10 @@ inside ops. A request found finished during that host work already took part in 
 lookahead token is simply discarded and its slot freed at the next reap. Greedy outputs are identical with
 or without lookahead: the step inputs are the same tokens either way.
 
-History is trimmed by tokens, not by item count (``_fit_messages``): the leading system message(s) are kept,
-the oldest turns dropped, in big steps remembered per session so the kept prefix — and its cached KV — stays
-the same for several turns. Each message is priced (length first, then tokens, newest first) before the whole
-prompt is tokenised, so a huge item never costs the thinker thread more than a length check.
+History is trimmed by tokens, not by item count (``omni_rt.engine.history.HistoryWindow``, shared with the
+remote and llama.cpp schedulers): a session keeps at most its share of the KV (``kv_budget_tokens`` over the
+slots, or ``history_tokens``), the oldest turns dropped in big steps so the kept prefix — and its cached KV —
+stays the same for several turns.
 
 As a ``stream_to`` target (the codec LM after ``omni_rt.stages.speech_prompts``) each stream chunk is a
 ``SpeechPrompt``: a request of its own, run in order per response and batched with everything else
@@ -47,6 +47,7 @@ from omni_rt.core.scheduler import ThreadedScheduler
 from omni_rt.engine.answer_policy import AnswerPolicy
 from omni_rt.engine.constrained import forces_call
 from omni_rt.engine.detokenize import TextStream
+from omni_rt.engine.history import HistoryWindow, PromptTooLong
 from omni_rt.engine.language import check_languages, steer_messages, vocab_bias
 from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
 from omni_rt.engine.request import _num, parse_answer_policy, parse_request, parse_sampling
@@ -58,13 +59,7 @@ from omni_rt.contracts.payloads import SpeechPrompt, TextDelta, TokenDelta
 
 log = logging.getLogger(__name__)
 
-_MSG_OVERHEAD_TOKENS = 8  # chat-template tokens around one message (ChatML: <|im_start|>role\n ... <|im_end|>\n)
-_TRIM_KEEP = 0.6  # a trim keeps at most this share of the budget, leaving room for turns to come untrimmed
 _REMEMBER_CLOSED = 4096  # closed session ids remembered, so a late request of one never stores KV
-
-
-class PromptTooLong(ValueError):
-    """The newest message (plus the instructions) cannot fit the context even with all history dropped."""
 
 
 class ARScheduler(ThreadedScheduler):
@@ -87,6 +82,7 @@ class ARScheduler(ThreadedScheduler):
         languages: list[str] | None = None,
         prefill_chunk_tokens: int | None = None,
         prefill_tokens_while_decoding: int | None = None,
+        history_tokens: int | None = None,
     ) -> None:
         """``sampling``: the preset's default sampling keys (a request's own keys win); ``answer_policy``: the
         preset's default voice answer policy for text requests; ``languages``: what the talker can speak
@@ -97,7 +93,8 @@ class ARScheduler(ThreadedScheduler):
         ~2x its own prefill; 512 on GPU). ``prefill_tokens_while_decoding`` (default a quarter of it) is the
         bound while requests are decoding: on CPU 16 prefill tokens cost about one decode step, so a long
         prefill and the running answers share the thinker about evenly instead of every answer's next token
-        waiting behind a full chunk."""
+        waiting behind a full chunk. ``history_tokens`` overrides a session's share of the KV (see
+        ``omni_rt.engine.history``)."""
         super().__init__()
         # Admission window for an idle engine, as in SimpleScheduler: idle-immediate by default (a lone
         # request prefills at once); the window arms only once a second request is waiting, or always with
@@ -137,17 +134,17 @@ class ARScheduler(ThreadedScheduler):
         self._prefilling: list[Sequence] = []  # hold slots above the decode rows until their last chunk
         self._prefill_pos: dict[str, int] = {}  # request id -> prompt tokens already in its slot's KV
         self._closed: OrderedDict[str, None] = OrderedDict()
-        self._trim: dict[str, tuple[int, int]] = {}  # session -> (history messages dropped, key of first kept)
-        self._costs: OrderedDict[int, int] = OrderedDict()  # message key -> its token cost (bounded memo)
-        self._max_token_chars = _max_token_chars(tokenizer)
+        self.history = HistoryWindow(tokenizer, engine.max_seq_len, kv_tokens=kv_budget_tokens, slots=engine.max_batch_size,
+                                     session_tokens=history_tokens, name=name) if tokenizer is not None else None
         self.stream_sources: list[str] = []
         self._segments = SegmentedRequests()
 
     def live_state(self) -> int:
         return len(self._live) + len(self._segments)
 
-    def cache_state(self) -> dict[str, int]:
-        """Cache accounting for ``/debug/state`` and ``/metrics``; ``closed_session_prefixes`` must stay 0.
+    def cache_state(self) -> dict[str, Any]:
+        """Cache accounting for ``/debug/state`` and ``/metrics``; ``closed_session_prefixes`` must stay 0;
+        ``history``: the session token budget and what was trimmed.
 
         Read from another thread: plain attribute reads of containers the loop replaces or mutates, so a
         figure may be one step stale but never raises."""
@@ -161,6 +158,7 @@ class ARScheduler(ThreadedScheduler):
             "kv_bytes": self.engine.kv_bytes() + self.prefix_store.total_bytes,
             "prefilling": len(self._prefilling),
             **{f"prefix_{k}": v for k, v in self.prefix_store.counters.items()},
+            **({"history": self.history.state()} if self.history is not None else {}),
         }
 
     # ------------------------------------------------------------------ loop
@@ -379,10 +377,9 @@ class ARScheduler(ThreadedScheduler):
             req.messages = steer_messages(req.messages, self.languages)
             if tok is None:
                 raise ValueError("'messages' need a tokenizer; this engine has none (send 'prompt_ids')")
-            prompt_ids = self._fit_messages(
-                req.session_id, req.messages, self._prompt_budget(data, req.max_tokens),
-                render=lambda msgs: render_prompt(tok, msgs, req.tools, req.tool_choice),
-            )
+            budget = self.history.prompt_budget(req.max_tokens, _num(data, "max_prompt_tokens", int, None, 1))
+            _, prompt_ids = self.history.fit(req.session_id, req.messages, budget,
+                                             render=lambda msgs: render_prompt(tok, msgs, req.tools, req.tool_choice))
         else:
             prompt_ids = req.prompt_ids
         if max(prompt_ids) >= self.engine.vocab_size:
@@ -604,89 +601,8 @@ class ARScheduler(ThreadedScheduler):
         while len(self._closed) > _REMEMBER_CLOSED:
             self._closed.popitem(last=False)
         self.prefix_store.drop(sid)
-        self._trim.pop(sid, None)
-
-    # ------------------------------------------------------------------ history budget
-    def _prompt_budget(self, data: dict[str, Any], max_tokens: int) -> int:
-        """Prompt tokens allowed: the context minus room for the answer, or the payload's
-        ``max_prompt_tokens`` when smaller. The answer's room is capped at a quarter of the context so a
-        huge ``max_tokens`` shortens the answer rather than refusing every prompt."""
-        ctx = self.engine.max_seq_len - 1  # one position spare for the lookahead step
-        budget = ctx - min(max_tokens, ctx // 4)
-        asked = _num(data, "max_prompt_tokens", int, None, 1)
-        return budget if asked is None else min(budget, asked)
-
-    def _cost(self, m: dict[str, Any], budget: int) -> int:
-        """Tokens one message adds to the prompt; ``budget + 1`` (never fits) for text so long it cannot fit,
-        decided from its length alone: a token covers at most ``_max_token_chars`` characters."""
-        content = m.get("content") or ""
-        if not isinstance(content, str):
-            content = str(content)
-        if len(content) > (budget + 1) * self._max_token_chars:
-            return budget + 1
-        key = hash((m.get("role"), content))
-        cost = self._costs.get(key)
-        if cost is None:
-            cost = len(self.tokenizer(content, add_special_tokens=False)["input_ids"]) + _MSG_OVERHEAD_TOKENS
-            self._costs[key] = cost
-            if len(self._costs) > 4096:
-                self._costs.popitem(last=False)
-        return cost
-
-    def _fit_messages(
-        self, sid: str | None, messages: list[dict[str, Any]], budget: int, render: Any = None
-    ) -> list[int]:
-        """Token ids of the chat prompt, oldest history dropped until it fits ``budget``.
-
-        The drop point is remembered per session and only moved when the prompt no longer fits, then far
-        enough (to ``_TRIM_KEEP`` of the budget) that several turns fit before it moves again: between
-        moves the prompt's prefix — and the KV cached for it — stays the same."""
-        n_sys = 0
-        while n_sys < len(messages) - 1 and messages[n_sys].get("role") == "system":
-            n_sys += 1
-        head, rest = messages[:n_sys], messages[n_sys:]
-        fixed = sum(self._cost(m, budget) for m in head)
-        newest = self._cost(rest[-1], budget)
-        if fixed + newest > budget:
-            raise PromptTooLong(
-                f"the newest message and the instructions need about {fixed + newest} tokens; the thinker's "
-                f"context leaves {budget} for the prompt (max_seq_len={self.engine.max_seq_len} minus the answer)"
-            )
-        drop = 0
-        remembered = self._trim.get(sid) if sid else None
-        if remembered is not None and remembered[0] < len(rest) and _msg_key(rest[remembered[0]]) == remembered[1]:
-            drop = remembered[0]
-        # price the history newest first, stopping once it is over budget (old items are never tokenised)
-        total, keep_from, target = fixed, len(rest), budget
-        for i in range(len(rest) - 1, drop - 1, -1):
-            total += self._cost(rest[i], budget)
-            if total > budget:
-                break
-            keep_from = i
-        if keep_from > drop:  # does not fit from the remembered point: trim in one big step
-            total, keep_from, target = fixed, len(rest) - 1, int(budget * _TRIM_KEEP)
-            total += newest
-            for i in range(len(rest) - 2, -1, -1):
-                total += self._cost(rest[i], budget)
-                if total > max(target, fixed + newest):
-                    break
-                keep_from = i
-        while True:
-            keep_from = _turn_start(rest, keep_from)
-            kept = head + rest[keep_from:]
-            text = (render(kept) if render is not None
-                    else self.tokenizer.apply_chat_template(kept, add_generation_prompt=True, tokenize=False))
-            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-            if len(ids) <= budget or keep_from >= len(rest) - 1:
-                break
-            keep_from += 1  # the estimate was short (template overhead): drop one more
-        if len(ids) > budget:
-            raise PromptTooLong(f"prompt of {len(ids)} tokens does not fit the budget of {budget} tokens")
-        if sid:
-            self._trim[sid] = (keep_from, _msg_key(rest[keep_from]))
-            if len(self._trim) > _REMEMBER_CLOSED:
-                self._trim.pop(next(iter(self._trim)))
-        return ids
+        if self.history is not None:
+            self.history.forget(sid)
 
     # ------------------------------------------------------------------ host work
     def _host_work(self, rows: list[Sequence], tokens: list[int]) -> None:
@@ -735,24 +651,3 @@ class ARScheduler(ThreadedScheduler):
         if policy is not None:
             out["text"] = policy.spoken
         return out
-
-
-def _msg_key(m: dict[str, Any]) -> int:
-    return hash((m.get("role"), m.get("content") if isinstance(m.get("content"), str) else str(m.get("content"))))
-
-
-def _turn_start(rest: list[dict[str, Any]], i: int) -> int:
-    """Move a cut forward to a user message, so kept history never opens with an orphan answer or tool
-    result (the newest message is always kept)."""
-    while i < len(rest) - 1 and rest[i].get("role") != "user":
-        i += 1
-    return i
-
-
-def _max_token_chars(tokenizer: Any) -> int:
-    """Longest vocabulary entry, in characters of its stored form (>= the text characters it covers), so
-    ``len(text) / this`` is a lower bound on the token count computed without tokenising."""
-    try:
-        return max(1, max(len(t) for t in tokenizer.get_vocab()))
-    except Exception:  # no tokenizer, or one without a vocabulary listing: a generous fixed bound
-        return 64

@@ -18,8 +18,9 @@ from typing import Any, AsyncIterator
 
 from omni_rt.core.scheduler import ThreadedScheduler
 from omni_rt.engine.answer_policy import AnswerPolicy
+from omni_rt.engine.history import HistoryWindow, PromptTooLong
 from omni_rt.engine.language import check_languages, steer_messages
-from omni_rt.engine.request import GenRequest, parse_answer_policy, parse_request, parse_sampling, result_payload
+from omni_rt.engine.request import GenRequest, _num, parse_answer_policy, parse_request, parse_sampling, result_payload
 from omni_rt.engine.tools import ToolStream, UpstreamToolCalls, detect_format, render_prompt
 from omni_rt.contracts.payloads import TextDelta
 
@@ -67,6 +68,16 @@ class AsyncStreamScheduler(ThreadedScheduler):
         self.languages = check_languages(languages)
         self._tasks: dict[str, Future] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        # the session token budget, once the upstream's context is known (set by a subclass, or not at all)
+        self.history: HistoryWindow | None = None
+        self.prompt_ids: dict[str, list[int]] = {}  # request id -> its fitted prompt, until generate() starts
+
+    def close_session(self, session_id: str) -> None:
+        if self.history is not None:
+            self.history.forget(session_id)
+
+    def cache_state(self) -> dict[str, Any]:
+        return {"history": self.history.state()} if self.history is not None else {}
 
     def live_state(self) -> int:
         return len(self._tasks)
@@ -126,6 +137,14 @@ class AsyncStreamScheduler(ThreadedScheduler):
             return
         if req.messages is not None:
             req.messages = steer_messages(req.messages, self.languages)
+            try:
+                self._fit_history(rid, req, data)
+            except PromptTooLong as exc:
+                self.emit_error(rid, exc, code="context_length_exceeded")
+                return
+            except ValueError as exc:
+                self.emit_error(rid, exc, code="bad_request")
+                return
         policy = AnswerPolicy(req.answer_policy) if req.output == "text" and req.answer_policy is not None else None
         calls = UpstreamToolCalls()  # structured ``tool_calls`` deltas (an upstream with a tool-call parser)
         texts = self._text_tools(req)  # calls written into the text (an upstream without one; in-process sglang)
@@ -175,6 +194,8 @@ class AsyncStreamScheduler(ThreadedScheduler):
         except Exception as exc:
             self.emit_error(rid, exc, code="upstream_error")
             return
+        finally:
+            self.prompt_ids.pop(rid, None)
         if policy is not None and finish not in ("policy", "abort"):
             tail = policy.finish(finish or "stop")  # a cut ("length") ends at the last sentence boundary
             if tail:
@@ -196,6 +217,16 @@ class AsyncStreamScheduler(ThreadedScheduler):
                 tool_calls=calls.result_calls() + (texts.result_calls() if texts is not None else []),
             ),
         )
+
+    def _fit_history(self, rid: str, req: GenRequest, data: Any) -> None:
+        """Trim ``req.messages`` to the session's token budget (``omni_rt.engine.history``), as the built-in
+        engine does, so the upstream never sees a prompt beyond its context or the session's share of its KV."""
+        if self.history is None or self.tokenizer is None:
+            return
+        budget = self.history.prompt_budget(req.max_tokens, _num(data, "max_prompt_tokens", int, None, 1))
+        req.messages, self.prompt_ids[rid] = self.history.fit(
+            req.session_id, req.messages, budget,
+            render=lambda msgs: render_prompt(self.tokenizer, msgs, req.tools, req.tool_choice))
 
     def _text_tools(self, req: GenRequest) -> ToolStream | None:
         """A parser for tool calls written into the streamed text, when the request offers tools."""

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from omni_rt.core.scheduler import ThreadedScheduler
 
 log = logging.getLogger(__name__)
+_LLAMA_KEYS = ("cache_ram_mib", "read_timeout_s", "batch_tokens", "unified_kv")  # llama.cpp-only stage args
 
 
 def _try_tokenizer(source: str | None):
@@ -53,6 +54,7 @@ def create_ar_scheduler(
     answer_policy: dict[str, Any] | None = None,
     languages: list[str] | None = None,
     prefill_chunk_tokens: int | None = None,
+    history_tokens: int | None = None,
     random_init: bool = False,
     random_size: str = "full",
     **backend_kwargs: Any,
@@ -61,6 +63,8 @@ def create_ar_scheduler(
     model directory, or — for ``remote`` — the model name the server expects. ``tokenizer`` (a local path)
     overrides where ``scheduler.tokenizer`` comes from. ``sampling`` / ``answer_policy`` / ``languages``:
     the preset's decoding defaults, voice answer policy and the talker's languages (see ``ARScheduler``).
+    ``history_tokens``: the prompt tokens one session may keep (default: its share of ``kv_budget_tokens``
+    over ``max_batch_size`` slots, at most the context; ``omni_rt.engine.history``).
 
     ``llama.cpp`` runs ``model`` ("smollm2" = the packaged GGUF, or a ``.gguf`` path) on a managed
     ``llama-server`` (``omni_rt.engine.llama_cpp``): ``cpu_threads`` threads, ``max_batch_size`` slots,
@@ -91,8 +95,9 @@ def create_ar_scheduler(
                 ctx_size=kv_budget_tokens,
                 tokenizer=_try_tokenizer(tokenizer or (model if model == "smollm2" else None)),
                 default_max_tokens=default_max_tokens,
+                history_tokens=history_tokens,
                 **quality,
-                **{k: v for k, v in backend_kwargs.items() if k in ("cache_ram_mib", "read_timeout_s")},
+                **{k: v for k, v in backend_kwargs.items() if k in _LLAMA_KEYS},
                 extra_args=(*backend_kwargs.get("extra_args", ()), *(() if prefix_reuse else ("--no-cache-prompt",))),
             )
         log.warning(
@@ -102,7 +107,7 @@ def create_ar_scheduler(
             llama_cpp.build_dir(root) / llama_cpp.BINARY_NAME,
         )
         backend = "torch"
-        backend_kwargs = {k: v for k, v in backend_kwargs.items() if k not in ("cache_ram_mib", "extra_args", "read_timeout_s")}
+        backend_kwargs = {k: v for k, v in backend_kwargs.items() if k not in (*_LLAMA_KEYS, "extra_args")}
     if backend == "torch":
         if cpu_threads is not None and device == "cpu":
             import torch
@@ -143,6 +148,7 @@ def create_ar_scheduler(
             batch_wait_when_idle=batch_wait_when_idle,
             **quality,
             prefill_chunk_tokens=prefill_chunk_tokens,
+            history_tokens=history_tokens,
         )
     if backend == "remote":
         from omni_rt.engine.remote import RemoteScheduler
@@ -156,6 +162,7 @@ def create_ar_scheduler(
             api_key=api_key,
             name=name,
             default_max_tokens=default_max_tokens,
+            history_tokens=history_tokens,
             **quality,
             **backend_kwargs,
         )

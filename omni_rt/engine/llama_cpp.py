@@ -218,6 +218,16 @@ def _die_with_parent() -> None:
 class LlamaServer:
     """One supervised ``llama-server`` on a private 127.0.0.1 port.
 
+    Fairness (issue #26, measured with ``latency_bench.soak``, heavy + bystander + dropper, 2 shared cores):
+    ``batch_tokens`` (``-b``/``-ub``, default 16 instead of 2048/512) bounds the tokens of one forward, so a
+    heavy session's long prefill is cut into 16-token batches that the others' prompts and decode tokens join
+    instead of waiting behind the whole prefill. Bystander first-token / solo: 24.6x with the old flags,
+    8.1x at 64, 4.9x at 32, 2.3x at 16, 1.8x at 8 (one run each, n=3-5); a lone 400-word prompt took the same
+    ~2.5 s at 16, 64 and 2048, and 8 leaves a new prompt only one token per step beside 7 decoding slots; per-slot KV (``unified_kv=False``: ``ctx_size / parallel`` tokens each) keeps each
+    session's prefix in its own slot and its attention over its own cells only — with one unified KV every
+    forward attends over every slot's cells, and an idle slot's prefix is copied out to the RAM cache and
+    cleared at each new request. The scheduler picks slots so a short new part goes first in each batch.
+
     A supervisor thread spawns it (in its own process group, with PDEATHSIG so it dies with us), waits for
     ``/health``, and respawns it when it exits unexpectedly. The spawn happens on that long-lived thread
     because PDEATHSIG fires when the *spawning thread* exits.
@@ -232,6 +242,8 @@ class LlamaServer:
         parallel: int = 4,
         ctx_size: int = 8192,
         cache_ram_mib: int = 256,
+        batch_tokens: int | None = 16,
+        unified_kv: bool = False,
         extra_args: Sequence[str] = (),
         host: str = "127.0.0.1",
         port: int | None = None,
@@ -246,8 +258,9 @@ class LlamaServer:
         self.args = [
             "-m", str(self.model), "--host", host, "--port", "{port}", "-a", "omni-rt-thinker",
             "-t", str(threads), "-tb", str(threads), "--poll", "0",
-            "-c", str(ctx_size), "--parallel", str(parallel), "--kv-unified", "--cont-batching",
-            "--cache-ram", str(cache_ram_mib), "--jinja", "--no-webui", "--metrics", "--slots",
+            "-c", str(ctx_size), "--parallel", str(parallel), "--kv-unified" if unified_kv else "--no-kv-unified",
+            "--cont-batching", "--cache-ram", str(cache_ram_mib), "--jinja", "--no-webui", "--metrics", "--slots",
+            *(("-b", str(batch_tokens), "-ub", str(batch_tokens)) if batch_tokens else ()),
             # a trailing assistant message is a whole turn, not a prefix to continue: a response.create with no
             # new user input starts a new answer (with prefill, llama-server continued the last reply, and
             # refused two assistant messages at the end: "Cannot have 2 or more assistant messages ...")
@@ -255,6 +268,8 @@ class LlamaServer:
             *extra_args,
         ]  # fmt: skip
         self.log_path = Path(log_path) if log_path else cache_root() / "llama.cpp" / "logs" / f"llama-server-{os.getpid()}.log"
+        self.ctx_size, self.parallel = int(ctx_size), int(parallel)
+        self.props: dict[str, Any] = {}  # GET /props of the running server (its real slot context, slot count)
         self.restarts = 0
         self.proc: subprocess.Popen | None = None
         self._stop = threading.Event()
@@ -293,6 +308,20 @@ class LlamaServer:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=grace_s + 2)
         self._thread = None
+
+    @property
+    def slot_context(self) -> int:
+        """Tokens one request may hold, as the server reports it (``n_ctx`` per slot: ``ctx_size / parallel``,
+        or the whole unified KV, capped at the model's training context); ``ctx_size`` when it did not say."""
+        n = (self.props.get("default_generation_settings") or {}).get("n_ctx")
+        return int(n) if isinstance(n, int) and n > 0 else self.ctx_size
+
+    def _read_props(self) -> None:
+        try:
+            with _NO_PROXY.open(self.base_url + "/props", timeout=2.0) as r:
+                self.props = json.loads(r.read())
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            log.warning("llama-server /props unreadable (%s); assuming %d tokens per slot", exc, self.ctx_size)
 
     def wait_ready(self, timeout_s: float) -> bool:
         """True once a live, healthy server is up (after a crash: the restarted one)."""
@@ -370,6 +399,7 @@ class LlamaServer:
                     self.port = free_port(self.host)
                 continue
             failures = 0
+            self._read_props()
             self._ready.set()
             log.info("llama-server pid %d ready on %s", proc.pid, self.base_url)
             while not self._stop.is_set():
@@ -429,9 +459,11 @@ def _make_scheduler_class():
     import asyncio
 
     import dataclasses
+    from collections import OrderedDict
 
     from omni_rt.engine.async_stream import Delta, UpstreamError
     from omni_rt.engine.constrained import closed, forced_tools, forces_call
+    from omni_rt.engine.history import HistoryWindow
     from omni_rt.engine.remote import RemoteScheduler, request_body
     from omni_rt.engine.request import GenRequest
     from omni_rt.engine.tools import callable_tools, detect_format, render_prompt
@@ -453,9 +485,14 @@ def _make_scheduler_class():
         """``RemoteScheduler`` over a managed ``llama-server``: start/stop own the process, and an answer
         broken by a crash fails with an error that says so (the supervisor restarts the server)."""
 
-        def __init__(self, server: LlamaServer, **kwargs: Any) -> None:
+        def __init__(self, server: LlamaServer, history_tokens: int | None = None, heavy_prefill_tokens: int = 64,
+                     **kwargs: Any) -> None:
             super().__init__(server.base_url + "/v1", **kwargs)
             self.server = server
+            self.history_tokens = history_tokens
+            self._slot_of: dict[str, tuple[int, bool]] = {}  # request in flight -> (its llama-server slot, heavy)
+            self._last_slot: OrderedDict[str, int] = OrderedDict()  # session -> the slot its last request used
+            self.heavy_prefill_tokens = heavy_prefill_tokens
             self.logit_bias = language_logit_bias(self.tokenizer, self.languages)
 
         @property  # type: ignore[override]
@@ -468,6 +505,12 @@ def _make_scheduler_class():
 
         def start(self) -> None:
             self.server.start()
+            if self.tokenizer is not None:  # the server's real slot context and its KV shared by all slots
+                self.history = HistoryWindow(self.tokenizer, self.server.slot_context, kv_tokens=self.server.ctx_size,
+                                             slots=self.server.parallel, session_tokens=self.history_tokens, name=self.name)
+                log.info("%s: llama-server slot context %d tokens, %d slots over %d KV tokens: history budget %s",
+                         self.name, self.server.slot_context, self.server.parallel, self.server.ctx_size,
+                         self.history.describe())
             super().start()
 
         def stop(self) -> None:
@@ -483,11 +526,47 @@ def _make_scheduler_class():
             has_tool_msgs = any(m.get("role") == "tool" or m.get("tool_calls") for m in req.messages)
             return bool(req.tools and req.tool_choice != "none") or has_tool_msgs
 
-        def request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
+        def request(self, req: GenRequest, request_id: str | None = None) -> tuple[str, dict[str, Any]]:
             path, body = self._request(req)
             if self.logit_bias:
                 body["logit_bias"] = self.logit_bias
+            if request_id in self._slot_of:
+                body["id_slot"] = self._slot_of[request_id][0]
             return path, body
+
+        def _take_slot(self, request_id: str, req: GenRequest) -> None:
+            """Pick the request's llama-server slot so a short new part goes first in every batch: llama-server
+            fills each batch of ``-b`` tokens slot by slot in slot order, so a bystander below a heavy prefill
+            gets its prompt and decode tokens into each batch and the prefill takes what is left. A session
+            keeps its last slot (its prefix is there) when that keeps the order; otherwise a short request takes
+            the lowest free slot, a long one (more than ``heavy_prefill_tokens`` new) the highest — llama-server
+            then saves that slot's prompt to its RAM cache and loads this session's from it."""
+            ids = self.prompt_ids.pop(request_id, None)
+            if ids is None or self.history is None:
+                return
+            sid = req.session_id
+            heavy = self.history.new_tokens(sid, ids) > self.heavy_prefill_tokens
+            busy = self._slot_of.values()
+            free = sorted(set(range(self.server.parallel)) - set(s for s, _ in busy))
+            if not free:
+                return  # llama-server queues it for the first slot to free up
+            last = self._last_slot.get(sid) if sid else None
+            if heavy:
+                keep = last in free and all(s < last for s, h in busy if not h)
+                slot = last if keep else free[-1]
+            else:
+                keep = last in free and all(s > last for s, h in busy if h)
+                slot = last if keep else free[0]
+            self._slot_of[request_id] = (slot, heavy)
+            if sid:
+                self._last_slot[sid] = slot
+                self._last_slot.move_to_end(sid)
+                if len(self._last_slot) > 1024:
+                    self._last_slot.popitem(last=False)
+
+        def close_session(self, session_id: str) -> None:
+            super().close_session(session_id)
+            self._last_slot.pop(session_id, None)
 
         def _request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
             if not self._own_tool_prompt(req):
@@ -511,6 +590,7 @@ def _make_scheduler_class():
                 await asyncio.to_thread(self.server.wait_ready, self.server.ready_timeout_s)
             restarts, pid = self.server.restarts, self.server.proc.pid if self.server.proc else None
             framed = bool(req.tools) and forces_call(req.tool_choice) and self._own_tool_prompt(req)
+            self._take_slot(request_id, req)
             try:
                 if framed:  # the call's opening was part of the prompt: the parser sees the whole block
                     yield Delta(text=TOOL_OPEN)
@@ -531,6 +611,8 @@ def _make_scheduler_class():
                         code="engine_crashed",
                     ) from exc
                 raise
+            finally:
+                self._slot_of.pop(request_id, None)
 
     return LlamaCppScheduler
 
@@ -544,16 +626,19 @@ def create_llama_cpp_scheduler(
     parallel: int = 4,
     ctx_size: int = 8192,
     cache_ram_mib: int = 256,
+    batch_tokens: int | None = 16,
+    unified_kv: bool = False,
     extra_args: Sequence[str] = (),
     tokenizer: Any = None,
     default_max_tokens: int = 256,
+    history_tokens: int | None = None,
     **remote_kwargs: Any,
 ):
     """A not-yet-started scheduler; ``start()`` launches the server and waits for its health."""
-    server = LlamaServer(binary, gguf, threads=threads, parallel=parallel, ctx_size=ctx_size,
-                         cache_ram_mib=cache_ram_mib, extra_args=extra_args)
+    server = LlamaServer(binary, gguf, threads=threads, parallel=parallel, ctx_size=ctx_size, cache_ram_mib=cache_ram_mib,
+                         batch_tokens=batch_tokens, unified_kv=unified_kv, extra_args=extra_args)
     cls = _make_scheduler_class()
-    return cls(server, model="omni-rt-thinker", tokenizer=tokenizer, name=name,
+    return cls(server, history_tokens=history_tokens, model="omni-rt-thinker", tokenizer=tokenizer, name=name,
                default_max_tokens=default_max_tokens, dialect="llama.cpp", **remote_kwargs)
 
 

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Literal
 import httpx
 
 from omni_rt.engine.async_stream import AsyncStreamScheduler, Delta, UpstreamError
+from omni_rt.engine.history import HistoryWindow
 from omni_rt.engine.request import GenRequest, SamplingParams
 from omni_rt.engine.tools import callable_tools, chat_tools
 
@@ -152,7 +153,11 @@ class RemoteScheduler(AsyncStreamScheduler):
         sampling: dict[str, Any] | None = None,
         answer_policy: dict[str, Any] | None = None,
         languages: list[str] | None = None,
+        context_tokens: int | None = None,
+        history_tokens: int | None = None,
     ) -> None:
+        """``context_tokens``: the upstream's context per request, when known; with a local tokenizer the
+        history is then trimmed to it (or to ``history_tokens``) before it is sent (``omni_rt.engine.history``)."""
         super().__init__(
             name=name, default_max_tokens=default_max_tokens, tokenizer=tokenizer, sampling=sampling,
             answer_policy=answer_policy, languages=languages,
@@ -167,20 +172,22 @@ class RemoteScheduler(AsyncStreamScheduler):
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=10.0, pool=10.0)
         self._client: httpx.AsyncClient | None = None
+        if tokenizer is not None and (context_tokens or history_tokens):
+            self.history = HistoryWindow(tokenizer, int(context_tokens or history_tokens), session_tokens=history_tokens, name=name)
 
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
 
-    def request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
+    def request(self, req: GenRequest, request_id: str | None = None) -> tuple[str, dict[str, Any]]:
         """The endpoint path and body for ``req`` (a subclass may speak an upstream's own dialect)."""
         return ("/chat/completions" if req.messages is not None else "/completions"), request_body(req, self.model, self.dialect)
 
     async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
         if self._client is None:  # created inside the loop thread it will live in
             self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
-        path, body = self.request(req)
+        path, body = self.request(req, request_id)
         url = self.base_url + path
         started = False
         for attempt in range(self.retries + 1):

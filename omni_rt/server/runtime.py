@@ -58,8 +58,15 @@ class Runtime:
             await self.coordinator.stop()
 
     def session_limits(self) -> SessionLimits:
+        """Per-session caps; with the thinker's history budget (``omni_rt.engine.history``) once it is known, so
+        an item too large for any prompt is refused when it is created."""
+        history, coord = None, self.coordinator
+        if coord is not None and coord.roles.response in coord.stages:
+            history = getattr(coord.stages[coord.roles.response].scheduler, "history", None)
+        budget = {} if history is None else dict(
+            item_tokens=history.count, max_item_tokens=history.max_item_tokens, item_budget_note=f" ({history.describe()})")
         return SessionLimits(max_response_tokens=self.settings.max_response_tokens,
-                             max_outgoing_bytes=self.settings.max_outgoing_bytes)
+                             max_outgoing_bytes=self.settings.max_outgoing_bytes, **budget)
 
     def live_state(self) -> dict[str, Any]:
         state = self.coordinator.live_state()

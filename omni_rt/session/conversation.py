@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.events import new_id
@@ -114,6 +114,21 @@ def item_from_client(data: Any) -> Item:
         key = "transcript" if ctype == "output_audio" else "text"
         clean.append({"type": ctype, key: text})
     return Item(id=item_id, role=role, content=clean)
+
+
+def check_item_tokens(item: Item, limit: int, count: Callable[[str], int], note: str = "", prefix: str = "item") -> None:
+    """Refuse an item too large for any prompt of the thinker (``limit`` tokens for one item), naming its part."""
+    parts = [(f"{prefix}.content[{i}].{'transcript' if 'transcript' in c else 'text'}", c.get("transcript") or c.get("text") or "")
+             for i, c in enumerate(item.content)]
+    parts += [(f"{prefix}.{k}", getattr(item, k)) for k in ("arguments", "output") if getattr(item, k)]
+    total = 0
+    for param, text in parts:
+        n = count(text) if text else 0
+        total += n
+        if total > limit:
+            whole = "" if n == total else f" (the item's parts together: {total})"
+            raise ProtocolError("context_length_exceeded", f"{param} is about {n} tokens{whole}; one item may hold at most "
+                                f"{limit} tokens, the most a prompt of this thinker fits{note}", param)
 
 
 class Conversation:

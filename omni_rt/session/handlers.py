@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.events import BETA_CLIENT_ALIASES
-from omni_rt.session.conversation import item_from_client
+from omni_rt.session.conversation import Item, check_item_tokens, item_from_client
 from omni_rt.session.response import truncate_text
 
 if TYPE_CHECKING:
@@ -23,7 +23,17 @@ def session_update(s: "RealtimeSession", event: dict[str, Any]) -> None:
         raise ProtocolError("missing_required_parameter", "session.update needs 'session'", "session")
     candidate = s.config.copy()
     candidate.update(event["session"])  # validate fully before applying anything
+    if candidate.instructions != s.config.instructions:
+        _check_instructions(s, candidate.instructions, "session.instructions")
     s.apply_config(candidate)
+
+
+def _check_instructions(s: "RealtimeSession", text: str, param: str) -> None:
+    """Instructions open every prompt: larger than any prompt can hold, every answer would fail."""
+    lim = s.limits
+    if text and lim.item_tokens is not None and lim.max_item_tokens > 0 and (n := lim.item_tokens(text)) > lim.max_item_tokens:
+        raise ProtocolError("context_length_exceeded", f"{param} is about {n} tokens; at most {lim.max_item_tokens} fit a "
+                            f"prompt of this thinker{lim.item_budget_note}", param)
 
 
 def input_audio_append(s: "RealtimeSession", event: dict[str, Any]) -> None:
@@ -46,8 +56,15 @@ def input_audio_clear(s: "RealtimeSession", event: dict[str, Any]) -> None:
     s.clear_audio()
 
 
+def _check_size(s: "RealtimeSession", item: Item, prefix: str = "item") -> Item:
+    lim = s.limits
+    if lim.item_tokens is not None and lim.max_item_tokens > 0:
+        check_item_tokens(item, lim.max_item_tokens, lim.item_tokens, lim.item_budget_note, prefix)
+    return item
+
+
 def item_create(s: "RealtimeSession", event: dict[str, Any]) -> None:
-    item = item_from_client(event.get("item"))
+    item = _check_size(s, item_from_client(event.get("item")))
     if item.type == "function_call_output" and s.conversation.call(item.call_id) is None:
         raise ProtocolError("invalid_value", f"no function_call with call_id '{item.call_id}' in the conversation",
                             "item.call_id")
@@ -126,7 +143,7 @@ def _input_items(s: "RealtimeSession", value: Any) -> list:
                                     f"response.input[{i}].id") from None
             continue
         try:
-            items.append(item_from_client(raw))
+            items.append(_check_size(s, item_from_client(raw)))
         except ProtocolError as exc:
             raise ProtocolError(exc.code, exc.message, f"response.input[{i}]" + (exc.param or "")[4:]) from None
     return items
@@ -155,6 +172,8 @@ def response_create(s: "RealtimeSession", event: dict[str, Any]) -> None:
     except ProtocolError as exc:
         param = exc.param or ""
         raise ProtocolError(exc.code, exc.message, "response." + param.removeprefix("session.").removeprefix("response.")) from None
+    if "instructions" in params:
+        _check_instructions(s, cfg.instructions, "response.instructions")
     conversation = params.get("conversation", "auto")
     if conversation not in ("auto", "none"):
         raise ProtocolError("invalid_value", "response.conversation must be 'auto' or 'none'", "response.conversation")

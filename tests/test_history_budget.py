@@ -1,0 +1,214 @@
+"""A session's history has a token budget (issues #26, #27): long sessions of big turns stay answered on the
+llama.cpp thinker and the built-in engine, what was trimmed shows in /debug/state, and an item too large for
+any prompt is refused when it is created, naming its field.
+
+Before the budget, 28 turns of ~400 words on the llama.cpp thinker failed from turn 19 on ("8335 tokens exceeds
+context 8192"), and every turn after that too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from conftest import ROOT, start_server, stop_server
+from rt_helpers import validate_event
+
+from omni_rt.engine.history import HistoryWindow, PromptTooLong
+from omni_rt.engine.llama_cpp import locate_binary
+
+_WORDS = ("I have been thinking about my garden this spring and the tomatoes the beans the roses and the small "
+          "apple tree near the fence that my grandmother planted many years ago when she first moved here").split()
+
+
+def big_turn(turn: int, words: int = 400) -> str:
+    body = " ".join(_WORDS[(i + turn) % len(_WORDS)] for i in range(words))
+    return f"{body}. In one sentence: what should I plant next to the apple tree? (turn {turn})"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from omni_rt.engine.weights import load_tokenizer, resolve_model
+
+    return load_tokenizer(resolve_model("smollm2"))
+
+
+# ---------------------------------------------------------------------------------------------- the window
+def test_budget_is_the_sessions_share_of_the_kv_capped_by_the_context(tokenizer):
+    assert HistoryWindow(tokenizer, 8192, kv_tokens=8192, slots=8).session_tokens == 1024
+    assert HistoryWindow(tokenizer, 1024, kv_tokens=32768, slots=8).session_tokens == 1024  # the context caps it
+    assert HistoryWindow(tokenizer, 4096).session_tokens == 4096
+    assert HistoryWindow(tokenizer, 8192, kv_tokens=8192, slots=8, session_tokens=3000).session_tokens == 3000
+    w = HistoryWindow(tokenizer, 8192, kv_tokens=8192, slots=8)
+    assert w.prompt_budget(96) == 1023 - 96 and w.prompt_budget(10_000) == 1023 - 1023 // 4
+    assert w.max_item_tokens < w.prompt_budget(10_000)  # an accepted item fits a prompt at any answer length
+
+
+def test_trim_drops_oldest_turns_in_chunks_so_the_prefix_stays_for_several_turns(tokenizer):
+    w = HistoryWindow(tokenizer, 8192, kv_tokens=8192, slots=4)  # 2048 tokens per session
+    system = {"role": "system", "content": "You are a helpful voice assistant."}
+    msgs, prompts = [system], []
+    for turn in range(16):
+        msgs.append({"role": "user", "content": big_turn(turn, 120)})
+        kept, ids = w.fit("s", msgs, w.prompt_budget(96))
+        assert kept[0] == system and kept[-1] == msgs[-1] and len(ids) <= w.prompt_budget(96)
+        prompts.append(ids)
+        msgs.append({"role": "assistant", "content": f"Plant basil, answer {turn}."})
+    shared = [next((i for i, (a, b) in enumerate(zip(p, q)) if a != b), min(len(p), len(q)))
+              for p, q in zip(prompts, prompts[1:])]
+    stable = sum(1 for n, p in zip(shared, prompts) if n >= len(p) - 2)  # this turn's prompt is the next's prefix
+    state = w.state()
+    assert 1 <= state["trims"] <= 6 and stable >= 9, (state, shared)
+    assert state["sessions"]["s"]["dropped_messages"] > 0
+    w.forget("s")
+    assert "s" not in w.state()["sessions"]
+    with pytest.raises(PromptTooLong):
+        w.fit("s", [system, {"role": "user", "content": big_turn(0, 3000)}], w.prompt_budget(96))
+
+
+# ---------------------------------------------------------------------------------------------- live servers
+async def _recv(ws: Any, want: set[str], errors: list[dict[str, Any]]) -> dict[str, Any]:
+    while True:
+        event = json.loads(await ws.recv())
+        validate_event(event)
+        if event["type"] == "error":
+            errors.append(event["error"])
+        if event["type"] in want:
+            return event
+
+
+async def _open(url: str):
+    ws = await websockets.connect(f"{url}/v1/realtime", max_size=None, open_timeout=60, close_timeout=10)
+    assert json.loads(await ws.recv())["type"] == "session.created"
+    await ws.send(json.dumps({"type": "session.update", "session": {
+        "type": "realtime", "output_modalities": ["text"], "instructions": "Answer in one short sentence."}}))
+    await _recv(ws, {"session.updated"}, [])
+    return ws
+
+
+async def _long_session(server, turns: int) -> None:
+    ws = await _open(server.ws_url)
+    try:
+        errors: list[dict[str, Any]] = []
+        done = []
+        for turn in range(turns):
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": big_turn(turn)}]}}))
+            await ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 24}}))
+            event = await asyncio.wait_for(_recv(ws, {"response.done"}, errors), 120)
+            done.append(event["response"])
+        assert not errors, errors
+        assert [r["status"] for r in done] == ["completed"] * turns, [r.get("status_details") for r in done]
+        assert all(r["output"] and r["output"][0]["content"][0]["text"].strip() for r in done)
+        prompts = [r["usage"]["input_tokens"] for r in done]
+        state = (await asyncio.to_thread(httpx.get, f"{server.http_url}/debug/state", timeout=10)).json()
+        history = state["cache"]["thinker"]["history"]
+        assert history["session_tokens"] == 1024, history  # 8192 KV tokens over 8 slots on both engines
+        assert max(prompts) <= history["session_tokens"], (prompts, history)
+        assert history["trims"] >= 1 and history["trimmed_messages"] >= 2, history
+        assert len(history["sessions"]) >= 1, history  # this open session's last trim
+        # the session lives on: the oversized item is refused at creation, naming its field, and nothing breaks
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "hello"}, {"type": "input_text", "text": big_turn(0, 4000)}]}}))
+        refused = await asyncio.wait_for(_recv(ws, {"error", "conversation.item.added"}, []), 30)
+        assert refused["type"] == "error", refused
+        err = refused["error"]
+        assert err["code"] == "context_length_exceeded" and err["param"] == "item.content[1].text", err
+        assert str(history["max_item_tokens"]) in err["message"] and "127.0.0.1" not in err["message"], err
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "And a short one?"}]}}))
+        await ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 16}}))
+        last = await asyncio.wait_for(_recv(ws, {"response.done"}, []), 120)
+        assert last["response"]["status"] == "completed", last["response"].get("status_details")
+    finally:
+        await ws.close()
+
+
+@pytest.mark.skipif(locate_binary() is None, reason="llama-server not built (python -m omni_rt.engine.llama_cpp build)")
+async def test_long_session_of_big_turns_stays_answered_on_llama_cpp(live_server):
+    await _long_session(live_server, turns=8)
+    history = httpx.get(f"{live_server.http_url}/debug/state", timeout=10).json()["cache"]["thinker"]["history"]
+    assert history["context_tokens"] == 1024, history  # llama-server's own slot n_ctx (/props): per-slot KV
+
+
+def test_short_requests_take_lower_llama_slots_than_heavy_prefills(tokenizer):
+    """llama-server fills each batch slot by slot in slot order: a short new part must sit below a heavy one."""
+    from omni_rt.engine.llama_cpp import LlamaServer, _make_scheduler_class
+    from omni_rt.engine.request import parse_request
+
+    server = LlamaServer("/bin/true", "unused.gguf", parallel=4)  # never started: slot choice is host-side
+    assert server.args[server.args.index("-b") + 1] == "16" and "--no-kv-unified" in server.args
+    sched = _make_scheduler_class()(server, tokenizer=tokenizer, model="m", name="t", dialect="llama.cpp")
+    sched.history = HistoryWindow(tokenizer, 1024)
+
+    def take(rid: str, sid: str, n_new: int, prefix: list[int] | None = None) -> int:
+        req = parse_request({"messages": [{"role": "user", "content": "x"}], "session_id": sid}, 8, {}, None)
+        sched.prompt_ids[rid] = (prefix or []) + list(range(100, 100 + n_new))
+        sched._take_slot(rid, req)
+        return sched.request(req, rid)[1]["id_slot"]
+
+    assert take("h1", "heavy", 500) == 3  # a long prefill: the highest slot
+    assert take("s1", "short", 20) == 0  # a bystander: the lowest, ahead of it in every batch
+    sched._slot_of.pop("s1")
+    assert take("s2", "short", 10, prefix=list(range(100, 120))) == 0  # keeps its slot (its prefix is there)
+    assert take("h2", "other", 400) == 2  # a second heavy one: the highest free
+    assert set(sched._slot_of) == {"h1", "s2", "h2"}
+
+
+@pytest.fixture(scope="module")
+def torch_server(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("torch"), "--preset", str(ROOT / "latency_bench/presets/torch.yaml"),
+                          "--max-sessions", "4")
+    yield server
+    stop_server(server)
+
+
+async def test_long_session_of_big_turns_stays_answered_on_the_builtin_engine(torch_server):
+    await _long_session(torch_server, turns=6)
+
+
+def test_items_and_instructions_too_large_for_any_prompt_are_refused_naming_the_field(tokenizer):
+    """The session gets the thinker's window through its limits (as the server passes it) and refuses, at
+    creation, an item or instructions no prompt could hold; the same text one size down is accepted."""
+    from omni_rt.session.core import RealtimeSession, SessionLimits
+
+    w = HistoryWindow(tokenizer, 8192, kv_tokens=8192, slots=8)
+    s = RealtimeSession(limits=SessionLimits(item_tokens=w.count, max_item_tokens=w.max_item_tokens,
+                                             item_budget_note=f" ({w.describe()})"))
+    s.open()
+    s.events_to_send()
+    too_big, fits = big_turn(0, 900), big_turn(0, 300)
+    assert w.count(too_big) > w.max_item_tokens >= w.count(fits)
+
+    def send(event: dict[str, Any]) -> list[dict[str, Any]]:
+        s.receive_event(event)
+        out = s.events_to_send()
+        for e in out:
+            validate_event(e)
+        return out
+
+    cases = [
+        ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": too_big}]}}, "item.content[0].text"),
+        ({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c1", "output": too_big}},
+         None),  # no such call: refused for that first (unknown call_id)
+        ({"type": "session.update", "session": {"type": "realtime", "instructions": too_big}}, "session.instructions"),
+        ({"type": "response.create", "response": {"instructions": too_big}}, "response.instructions"),
+    ]
+    for event, param in cases:
+        out = send(event)
+        assert [e["type"] for e in out] == ["error"], out
+        if param is not None:
+            err = out[0]["error"]
+            assert err["code"] == "context_length_exceeded" and err["param"] == param, err
+            assert str(w.max_item_tokens) in err["message"] and "1024 tokens per session" in err["message"], err
+    assert s.conversation.items == [] and s.response is None
+    out = send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": fits}]}})
+    assert [e["type"] for e in out] == ["conversation.item.added", "conversation.item.done"], out
+    assert [e["type"] for e in send({"type": "session.update", "session": {"type": "realtime", "instructions": fits}})] == ["session.updated"]
