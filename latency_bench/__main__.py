@@ -4,6 +4,7 @@
     python -m latency_bench --quick         # sweep 1, 2 sessions, 2 turns each, short ablations (< 5 min)
     python -m latency_bench --preset gpu    # GPU machine: sweep 1, 4, 16 sessions
     python -m latency_bench --url ws://127.0.0.1:8000 --sessions 1,8   # load a running server (no ablations)
+    python -m latency_bench --thinker my-model.gguf --sessions 1,4 --variants none   # another thinker, 1 and 4 sessions
     python -m latency_bench.stages          # per-stage latency, in-process, CPU preset
     python -m latency_bench --turn-detection server_vad,semantic_vad   # turn taking on the labelled set (~12 min)
 """
@@ -22,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="short run: levels 1,2; 2 turns; one barge-in; 2-turn ablations of 4 variants")
     p.add_argument("--preset", default="cpu", help="base preset for the servers started here: cpu | gpu | YAML path")
+    p.add_argument("--thinker", default=None, metavar="MODEL",
+                   help="every server started here runs this thinker (omni-rt serve --thinker: a .gguf file or "
+                        "http(s)://HOST:PORT/v1); the report names it. The 'torch' ablation is skipped with it")
     p.add_argument("--url", default=None, help="ws://HOST:PORT of a running server (skips server start and ablations)")
     p.add_argument("--sessions", default=None, help="concurrency levels, comma-separated (default 1,2,4; gpu 1,4,16)")
     p.add_argument("--turns", type=int, default=None, help="questions per session per level (default 4; quick 2)")
@@ -50,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.thinker and args.url:
+        parser.error("--thinker chooses the thinker of the servers started here; --url measures a running server as it is")
     # the command shown in the report: what changes the measurement, not where files go
     shown, skip = [], False
     for a in argv:
@@ -65,13 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         shown.append(a)
     args.argv = shown
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.turn_detection:
-        from latency_bench.realtime_bench import main_turn_taking
-
-        return main_turn_taking(args)
     from latency_bench.realtime_bench import main as run_main
+    from latency_bench.realtime_bench import main_turn_taking
+    from omni_rt.engine.thinker_choice import ThinkerError
 
-    return run_main(args)
+    try:
+        return main_turn_taking(args) if args.turn_detection else run_main(args)
+    except ThinkerError as exc:  # a wrong --thinker: one line, before anything is synthesized or started
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ answer policy and language steering as they are) and ``greedy`` (the same preset
 
 Prints a table and writes ``latency_bench/results/quality.{json,md}``; ``--update-readme`` puts the table in
 README.md under "## Answer quality". ``--limit N`` runs the first N questions (a shorter run, say so).
+``--thinker MODEL`` measures another thinker on the same preset (``--no-greedy``: its preset run only).
 """
 
 from __future__ import annotations
@@ -331,8 +332,25 @@ def derive(base: str, greedy: bool, tmp: Path) -> str:
     return str(out)
 
 
+def plan_servers(args: argparse.Namespace, tmp: Path) -> list[tuple[str, str, str, rb.Server]]:
+    """(name, label, preset file, server not yet started) of each run, in order; every server gets ``--thinker``."""
+    order = [("preset", False, "its decoding defaults"), ("greedy", True, "plain greedy, before")]
+    if getattr(args, "no_greedy", False):
+        order = order[:1]
+    out = []
+    for name, greedy, label in (order[::-1] if args.greedy_first else order):
+        preset = derive(args.preset, greedy, tmp)
+        out.append((name, label, preset, rb.bench_server(args, preset, name, tmp)))
+    return out
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from faster_whisper import WhisperModel
+
+    from omni_rt.inventory import thinker_line
+
+    # checked (and named for the report) before anything is synthesized or started
+    thinker = thinker_line(args.preset, args.thinker, os.environ.get("OMNI_RT_THINKER_API_KEY"))
 
     from omni_rt.backends.asr import default_whisper_dir
 
@@ -348,23 +366,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     load0 = os.getloadavg()[0]
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        order = [("preset", False, "its decoding defaults"), ("greedy", True, "plain greedy, before")]
-        for name, greedy, label in (order[::-1] if args.greedy_first else order):
-            preset = derive(args.preset, greedy, Path(tmp))
-            server = rb.Server(preset, name, Path(tmp)).start()
+        for name, label, preset, server in plan_servers(args, Path(tmp)):
+            server.start()
             rb._log(f"server '{name}' ({preset}) up in {server.startup_s} s")
             try:
                 rows = await run_conversations(server.ws_url, convs, corpus, args.timeout)
             finally:
                 server.stop()
             answers = score(rows, whisper)
-            runs[name] = {"label": label, "preset_file": preset if greedy else args.preset,
+            runs[name] = {"label": label, "preset_file": preset if name == "greedy" else args.preset,
                           "summary": summary(answers), "answers": answers}
             partial = Path(args.out).with_suffix(".partial.json")  # a run cut short still leaves its answers
             partial.parent.mkdir(parents=True, exist_ok=True)
             partial.write_text(json.dumps(runs, indent=1, ensure_ascii=False))
     return {
-        "when": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "preset": args.preset, "limit": args.limit,
+        "when": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "preset": args.preset, "thinker": thinker,
+        "limit": args.limit,
         "questions": sum(len(c) for c in convs), "wall_s": round(time.perf_counter() - t0, 1),
         "load_avg_start": round(load0, 2), "cpus": os.cpu_count(), "runs": runs,
         "detector": "script + function-word heuristic (omni_rt.engine.language.guess_language)",
@@ -406,18 +423,27 @@ def update_readme(md: str, header: str) -> None:
     readme.write_text(text)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m latency_bench.quality", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="cpu", help="base preset: cpu | gpu | YAML path (default cpu)")
     p.add_argument("--limit", type=int, default=None,
                    help="about N questions: the first N/conversations turns of every conversation (a shorter run)")
     p.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for one answer")
+    p.add_argument("--thinker", default=None, metavar="MODEL",
+                   help="the servers run this thinker (omni-rt serve --thinker: a .gguf file or http(s)://HOST:PORT/v1); "
+                        "the table names it")
+    p.add_argument("--no-greedy", action="store_true", help="only the preset's decoding (skip the plain-greedy server)")
     p.add_argument("--greedy-first", action="store_true", help="run the greedy server first (order effects on TTFA)")
     p.add_argument("--out", default=str(RESULTS / "quality.json"))
     p.add_argument("--update-readme", action="store_true", help="write the table into README.md '## Answer quality'")
     p.add_argument("--rescore", default=None, metavar="JSON",
                    help="recompute the text measures and the table of a saved run (no servers, no audio)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.rescore:
         result = json.loads(Path(args.rescore).read_text())
@@ -427,15 +453,22 @@ def main(argv: list[str] | None = None) -> int:
                 rescore_text(a, keys.get(a["question"], ()))
             r["summary"] = summary(r["answers"])
     else:
-        result = asyncio.run(run(args))
+        from omni_rt.engine.thinker_choice import ThinkerError
+
+        try:
+            result = asyncio.run(run(args))
+        except ThinkerError as exc:
+            print(f"{p.prog}: error: {exc}", file=sys.stderr)
+            return 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, ensure_ascii=False))
     md = markdown(result)
-    header = (f"`python -m latency_bench.quality` ({result['when']}, preset `{result['preset']}`, "
+    thinker = result.get("thinker") or "the preset's"  # runs saved before --thinker ran the preset's
+    header = (f"`python -m latency_bench.quality` ({result['when']}, preset `{result['preset']}`, thinker {thinker}, "
               f"{result['questions']} questions{' (--limit)' if result['limit'] else ''}, {result['cpus']} CPUs, "
               f"load avg {result['load_avg_start']} at start, {result['wall_s']:.0f} s): the preset's decoding "
-              "defaults vs plain greedy, same run, same spoken questions. Language by a script + function-word "
+              f"defaults{' vs plain greedy, same run, same spoken questions' if 'greedy' in result['runs'] else ''}. Language by a script + function-word "
               "heuristic; word accuracy = 1 - WER of an independent faster-whisper tiny.en on the answer audio "
               "vs the server's spoken transcript.")
     out.with_suffix(".md").write_text(header + "\n\n" + md)

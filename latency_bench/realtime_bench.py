@@ -523,9 +523,12 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, preset: str, name: str, log_dir: Path, max_sessions: int = 64, extra: list[str] | None = None) -> None:
+    """One ``omni-rt serve`` subprocess of ``preset`` on a free port; ``thinker``: its ``--thinker MODEL``."""
+
+    def __init__(self, preset: str, name: str, log_dir: Path, max_sessions: int = 64, extra: list[str] | None = None,
+                 thinker: str | None = None) -> None:
         self.preset, self.name, self.log_dir, self.max_sessions = preset, name, log_dir, max_sessions
-        self.extra = list(extra or [])
+        self.extra = list(extra or []) + (["--thinker", thinker] if thinker else [])
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.startup_s = None
@@ -538,6 +541,10 @@ class Server:
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
 
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "omni_rt.cli", "serve", "--port", str(self.port), "--preset", self.preset,
+                "--max-sessions", str(self.max_sessions), "--log-level", "warning", *self.extra]
+
     def start(self, timeout: float = 300.0) -> "Server":
         import httpx
 
@@ -545,10 +552,8 @@ class Server:
         self.log_path = self.log_dir / f"server-{self.name}-{self.port}.log"
         logf = open(self.log_path, "w")
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        cmd = [sys.executable, "-m", "omni_rt.cli", "serve", "--port", str(self.port), "--preset", self.preset,
-               "--max-sessions", str(self.max_sessions), "--log-level", "warning", *self.extra]
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(self.command(), cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -573,6 +578,20 @@ class Server:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.proc = None
+
+
+def bench_server(args: Any, preset: str, name: str, log_dir: Path, extra: list[str] | None = None, **kw: Any) -> Server:
+    """A server this run starts: ``preset`` with the run's ``--thinker`` (not started yet)."""
+    return Server(preset, name, log_dir, extra=extra, thinker=getattr(args, "thinker", None), **kw)
+
+
+def measured_thinker(args: Any) -> str:
+    """The thinker the run measures, one line for its report (checks ``--thinker`` before any server starts)."""
+    if getattr(args, "url", None):
+        return f"the running server's at {args.url}"
+    from omni_rt.inventory import thinker_line
+
+    return thinker_line(args.preset, getattr(args, "thinker", None), os.environ.get("OMNI_RT_THINKER_API_KEY"))
 
 
 def derive_variant(data: dict[str, Any], variant: str) -> dict[str, Any]:
@@ -861,6 +880,7 @@ def ratios_and_checks(result: dict[str, Any], preset: str) -> None:
 
 
 async def run(args: Any) -> dict[str, Any]:
+    measured = measured_thinker(args)  # a wrong --thinker stops the run here, before anything else
     quick = args.quick
     plan = Plan(
         levels=[int(x) for x in (args.sessions or ("1,2" if quick else ("1,4,16" if "gpu" in args.preset else "1,2,4"))).split(",")],
@@ -876,12 +896,16 @@ async def run(args: Any) -> dict[str, Any]:
             raise SystemExit(f"unknown variant {v!r}; choose from {list(VARIANTS)}")
     if args.url:
         plan.variants = []
+    thinker = getattr(args, "thinker", None)
+    if thinker and "torch" in plan.variants:  # --thinker sets the engine, so the 'torch' ablation would not be one
+        plan.variants.remove("torch")
+        _log("variant 'torch' skipped: --thinker chooses the thinker's engine")
     argv = " ".join(shlex.quote(a) for a in (args.argv or []))
     result: dict[str, Any] = {
         "started_at": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "machine": report.machine_info(),
         "config": {"preset": args.preset, "mode": "quick" if quick else "full", "command": f"python -m latency_bench {argv}".strip(),
-                   "url": args.url, **{k: v for k, v in plan.__dict__.items()}, "silence_duration_ms": 500,
+                   "url": args.url, "thinker": measured, **{k: v for k, v in plan.__dict__.items()}, "silence_duration_ms": 500,
                    "questions": QUESTIONS, "barge_question": LONG_QUESTION, "interrupt": INTERRUPT},
         "notes": list(args.note or []),
     }
@@ -904,7 +928,7 @@ async def run(args: Any) -> dict[str, Any]:
         # shared machine's load drifts more than some of these effects).
         ablation: dict[str, Any] = {}
         baseline: list[dict[str, Any]] = []
-        base = Server(args.preset, "streaming", log_dir)
+        base = bench_server(args, args.preset, "streaming", log_dir)
         _log(f"starting server (preset {args.preset})")
         await asyncio.to_thread(base.start)
         servers["streaming"] = {"preset": args.preset, "startup_s": base.startup_s}
@@ -917,7 +941,7 @@ async def run(args: Any) -> dict[str, Any]:
                 baseline.append(await run_variant(base.ws_url, corpus, plan, "streaming"))
             for name in others:
                 preset = variant_preset(args.preset, name, tmp)
-                srv = Server(preset, name, log_dir, extra=VARIANTS[name][2])
+                srv = bench_server(args, preset, name, log_dir, extra=VARIANTS[name][2])
                 _log(f"starting server '{name}' ({preset})")
                 try:
                     await asyncio.to_thread(srv.start)
@@ -1023,7 +1047,7 @@ async def run_turn_taking(args: Any, plan: Plan, modes: list[str]) -> dict[str, 
     result: dict[str, Any] = {
         "started_at": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": report.machine_info(),
         "config": {"preset": args.preset, "command": "python -m latency_bench " + " ".join(shlex.quote(a) for a in (args.argv or [])),
-                   "modes": {m: TURN_DETECTION[m] for m in modes}, "levels": plan.levels, "turns": plan.turns,
+                   "thinker": measured_thinker(args), "modes": {m: TURN_DETECTION[m] for m in modes}, "levels": plan.levels, "turns": plan.turns,
                    "hesitant_per_session": args.hesitant, "turn_set": "latency_bench/turn_set.py (live: voice 'plain')"},
         "notes": list(args.note or []),
     }
@@ -1040,7 +1064,7 @@ async def run_turn_taking(args: Any, plan: Plan, modes: list[str]) -> dict[str, 
         url = args.url.rstrip("/")
         srv = None
     else:
-        srv = Server(args.preset, "turn-taking", log_dir)
+        srv = bench_server(args, args.preset, "turn-taking", log_dir)
         _log(f"starting server (preset {args.preset})")
         await asyncio.to_thread(srv.start)
         url = srv.ws_url
@@ -1082,7 +1106,8 @@ def turn_taking_markdown(result: dict[str, Any]) -> str:
     """The server_vad vs semantic_vad tables (what README.md's benchmark section shows): the labelled set scored at
     the stage level (rates per mode, all voices), then live turns through the server (latency)."""
     m = result["machine"]
-    lines = [f"Turn taking: `{result['config']['command']}` ({result['started_at']}, preset `{result['config']['preset']}`), "
+    lines = [f"Turn taking: `{result['config']['command']}` ({result['started_at']}, preset `{result['config']['preset']}`, "
+             f"thinker {report.thinker_of(result)}), "
              f"{m.get('cpu_model', '?')}, {m.get('cpus_usable', '?')} CPUs usable, load avg "
              f"{(m.get('loadavg_start') or ['?'])[0]} -> {(m.get('loadavg_end') or ['?'])[0]}, {result['wall_s']:.0f} s.", ""]
     lines += [f"> **Note:** {n}" for n in result.get("notes", [])]

@@ -215,10 +215,15 @@ def ratio_lines(result: dict[str, Any]) -> list[str]:
     return [r["text"] for r in result.get("ratios", [])]
 
 
+def thinker_of(result: dict[str, Any]) -> str:
+    """Which thinker a run measured (runs saved before ``--thinker`` existed ran the preset's)."""
+    return result["config"].get("thinker") or "the preset's"
+
+
 def text_report(result: dict[str, Any]) -> str:
     m = result["machine"]
     out = [f"omni-rt latency benchmark — preset {result['config']['preset']}, {result['config']['mode']} run, {result['started_at']}",
-           f"machine: {machine_line(m)}", ""]
+           f"thinker: {thinker_of(result)}", f"machine: {machine_line(m)}", ""]
     if result.get("sweep"):
         out += ["Concurrency sweep (client-side timings; server TTFA from response.done metadata):", sweep_table(result), ""]
     if result.get("ablation"):
@@ -242,8 +247,8 @@ def markdown_report(result: dict[str, Any], png_rel: str = "latency_bench/result
            "in real time (24 kHz PCM16, 20 ms chunks, `server_vad` with 500 ms silence) and times events as the client "
            "receives them: TTFA = `speech_stopped` -> first audio delta, V2V = last speech sample sent -> first audio delta.",
            "",
-           f"Latest run: `{cmd}` ({result['started_at']}, preset `{result['config']['preset']}`), "
-           f"{machine_line(m)}.", ""]
+           f"Latest run: `{cmd}` ({result['started_at']}, preset `{result['config']['preset']}`, thinker "
+           f"{thinker_of(result)}), {machine_line(m)}.", ""]
     if result.get("notes"):
         for n in result["notes"]:
             out += [f"> **Note:** {n}", ""]

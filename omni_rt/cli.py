@@ -1,5 +1,5 @@
-"""``omni-rt`` command line: ``serve`` (the realtime server) and ``prepare`` (cache weights). Benchmarks are
-``python -m latency_bench`` from a checkout."""
+"""``omni-rt`` command line: ``serve`` (the realtime server), ``prepare`` (cache weights) and ``models`` (what
+is cached, what each preset uses). Benchmarks are ``python -m latency_bench`` from a checkout."""
 
 from __future__ import annotations
 
@@ -38,7 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="info")
     prep = sub.add_parser("prepare", help="prepare and cache the weights a preset needs (GGUF -> safetensors)")
     prep.add_argument("--preset", default="cpu")
+    sub.add_parser("models", help="list what is cached and which model each preset's stages use (offline)")
     args, rest = parser.parse_known_args(argv)
+
+    if args.command == "models":
+        from omni_rt.inventory import report
+
+        print(report())
+        return 0
 
     if args.command == "prepare":
         from omni_rt.prepare import prepare

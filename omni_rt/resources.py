@@ -28,3 +28,9 @@ def preset_dir() -> Path:
 
 def web_dir() -> Path:
     return _find("_web", "web")
+
+
+def ablation_preset_dir() -> Path | None:
+    """``latency_bench/presets``, the benchmark's ablation presets: in a source checkout only (not packaged)."""
+    beside = _PACKAGE.parent / "latency_bench" / "presets"
+    return beside if beside.is_dir() else None

@@ -26,6 +26,7 @@ LAYERS = [
     "transports",  # WebSocket, Twilio: adapters that move bytes
     "server",  # app, settings, metrics, runtime
     "prepare",  # weight preparation (CLI command)
+    "inventory",  # what is cached and what each preset uses (CLI command)
     "cli",
 ]
 
