@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from omni_rt.core.coordinator import PipelineError, ResultItem, StreamItem
+from omni_rt.realtime.errors import ProtocolError
 from omni_rt.session import commands as cmd
 from omni_rt.session.core import RealtimeSession
 from omni_rt.contracts.payloads import AsrError, AsrEvent, SessionExpired
@@ -47,6 +48,11 @@ class SessionRunner:
 
     def feed_event(self, event: dict[str, Any]) -> None:
         self.session.receive_event(event)
+        self._pump()
+
+    def report(self, exc: ProtocolError) -> None:
+        """A client message the transport refused before parsing (e.g. too large): an ``error`` event."""
+        self.session.send_error(exc)
         self._pump()
 
     def _on_audio_in(self, stage: str, event: Any) -> None:
