@@ -402,13 +402,13 @@ class Call:
                 self.track.push(event["response_id"], event["item_id"], self._out_resampler.flush())
             self._out_resampler = None
             self.track.end(event["response_id"], event["item_id"])
-        elif etype == "input_audio_buffer.speech_started":
+        self._send(event)
+        if etype == "input_audio_buffer.speech_started":  # barge-in: after the event, as OpenAI orders them
             td = self.session.config.turn_detection
             if td is None or td.interrupt_response:
                 self._clear_audio()
         elif etype == "response.done" and event.get("response", {}).get("status") == "cancelled":
             self._clear_audio()
-        self._send(event)
 
     def _queue_audio(self, event: dict[str, Any]) -> None:
         fmt = parse_audio_format(self.session.config.output_format)
