@@ -43,13 +43,20 @@ class MicTrack(_track_base()):  # type: ignore[misc]
         self._pcm = np.zeros(0, np.int16)
         self._start: float | None = None
         self._pts = 0
-        self.speech_end: float | None = None  # time.perf_counter() when the last queued sample went out
-        self._ending = False
+        self._queued = 0  # samples ever queued
+        self._sent = 0  # samples ever handed to the sender
+        self._mark: int | None = None  # sample index whose sending sets speech_end
+        self.speech_end: float | None = None  # time.perf_counter() when the marked sample went out
 
-    def say(self, audio: np.ndarray, rate: int) -> None:
-        self._pcm = np.concatenate([self._pcm, float_to_int16(resample(audio.astype(np.float32), rate, RATE))])
+    def say(self, audio: np.ndarray, rate: int, speech_end: int | None = None) -> None:
+        """Queue audio; ``speech_end`` (an index into ``audio``, default its end) marks its last speech sample:
+        ``self.speech_end`` is set when the frame holding it goes out."""
+        pcm = float_to_int16(resample(audio.astype(np.float32), rate, RATE))
+        end = len(pcm) if speech_end is None else min(len(pcm), round(speech_end * RATE / rate))
+        self._mark = self._queued + max(1, end)
+        self._queued += len(pcm)
+        self._pcm = np.concatenate([self._pcm, pcm])
         self.speech_end = None
-        self._ending = True
 
     def seconds_left(self) -> float:
         return len(self._pcm) / RATE
@@ -66,10 +73,11 @@ class MicTrack(_track_base()):  # type: ignore[misc]
             if wait > 0:
                 await asyncio.sleep(wait)
         chunk, self._pcm = self._pcm[:FRAME], self._pcm[FRAME:]
+        self._sent += len(chunk)
         if len(chunk) < FRAME:
             chunk = np.concatenate([chunk, np.zeros(FRAME - len(chunk), np.int16)])
-        if self._ending and not len(self._pcm):
-            self._ending = False
+        if self._mark is not None and self._sent >= self._mark:
+            self._mark = None
             self.speech_end = time.perf_counter()
         frame = AudioFrame(format="s16", layout="mono", samples=FRAME)
         frame.planes[0].update(chunk.tobytes())
@@ -82,8 +90,10 @@ class MicTrack(_track_base()):  # type: ignore[misc]
 class RealtimeCall:
     """One call to ``POST /v1/realtime/calls``: events in ``events`` (and a queue), heard audio in ``heard``."""
 
-    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+    def __init__(self, base_url: str, api_key: str | None = None, decode_on_arrival: bool = False) -> None:
+        """``decode_on_arrival``: no playout buffer (the bench's transport latency); else aiortc's own (80 ms)."""
         self.base_url = base_url.rstrip("/")
+        self.decode_on_arrival = decode_on_arrival
         self.api_key = api_key
         self.pc: Any = None
         self.dc: Any = None
@@ -112,7 +122,11 @@ class RealtimeCall:
             self.dc.on("open", self.opened.set)
             self.dc.on("message", self._on_message)
         if audio:
-            self.pc.addTrack(self.mic)
+            sender = self.pc.addTrack(self.mic)
+            if self.decode_on_arrival:
+                from omni_rt.transports.webrtc import decode_on_arrival
+
+                decode_on_arrival(next(t.receiver for t in self.pc.getTransceivers() if t.sender is sender))
         self.pc.on("track", lambda track: setattr(self, "_reader", asyncio.create_task(self._read(track))))
         await self.pc.setLocalDescription(await self.pc.createOffer())
         sdp = self.pc.localDescription.sdp

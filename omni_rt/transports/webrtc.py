@@ -56,6 +56,39 @@ MAX_SESSION_BYTES = 256 * 1024
 MAX_QUEUED_FRAMES = 50 * 300  # 5 minutes of answer audio queued in the track
 
 
+class ImmediateAudioBuffer:
+    """The microphone's jitter buffer: each in-order RTP packet is one whole Opus frame, decoded on arrival.
+
+    aiortc's audio receiver holds 4 frames (80 ms) before it decodes the first, and even holding 1 releases a
+    frame only when the next arrives (20 ms): all of that is added to the end of every user turn. VAD and Whisper
+    need no smooth playout, so a frame goes to the decoder at once; a packet that arrives after a later one
+    (reordered) is dropped, a 20 ms gap the recognizer shrugs off. Same ``add`` contract as aiortc's JitterBuffer.
+    """
+
+    def __init__(self) -> None:
+        self._next: int | None = None
+
+    def add(self, packet: Any) -> tuple[bool, Any]:
+        from aiortc.jitterbuffer import JitterFrame
+
+        seq = packet.sequence_number
+        if self._next is not None and (seq - self._next) & 0xFFFF >= 0x8000:
+            return False, None  # older than one already decoded
+        self._next = (seq + 1) & 0xFFFF
+        data = getattr(packet, "_data", b"")
+        return False, (JitterFrame(data=data, timestamp=packet.timestamp) if data else None)
+
+
+def decode_on_arrival(receiver: Any) -> None:
+    """Give an aiortc audio receiver the ``ImmediateAudioBuffer`` (its jitter buffer is private in aiortc 1.16.0,
+    the pinned version) before media flows; a receiver that has none is left alone."""
+    from aiortc.jitterbuffer import JitterBuffer
+
+    name = "_RTCRtpReceiver__jitter_buffer"
+    if isinstance(getattr(receiver, name, None), JitterBuffer):
+        setattr(receiver, name, ImmediateAudioBuffer())
+
+
 def webrtc_available() -> bool:
     try:
         import aiortc  # noqa: F401
@@ -179,6 +212,7 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
         self._start: float | None = None
         self._pts = 0
         self._silence = np.zeros(FRAME_SAMPLES, np.int16)
+        self._idle_waiter: asyncio.Future | None = None  # set while recv() sleeps with nothing queued
 
     def push(self, response_id: str, item_id: str, samples: np.ndarray) -> None:
         """Queue float32 48 kHz audio of one response (whole frames; a short tail waits for more)."""
@@ -193,6 +227,8 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
             self._partial = (response_id, item_id, pcm[whole:])
         while len(self._frames) > MAX_QUEUED_FRAMES:
             self._frames.popleft()
+        if self._frames and self._idle_waiter is not None and not self._idle_waiter.done():
+            self._idle_waiter.set_result(None)
 
     def end(self, response_id: str, item_id: str) -> None:
         """All of this response's audio is queued: pad its tail to a frame; ``stopped`` once it has played."""
@@ -232,7 +268,19 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
         else:
             self._pts += FRAME_SAMPLES
             wait = self._start + self._pts / WIRE_RATE - loop.time()
-            if wait > 0:
+            if wait > 0 and not self._frames:
+                # idle (silence going out): an answer's first frame goes out when it arrives, not at the next
+                # tick, and the clock restarts from it (the receiver takes a frame early in its stride)
+                self._idle_waiter = loop.create_future()
+                timer = loop.call_later(wait, lambda f=self._idle_waiter: f.done() or f.set_result(None))
+                try:
+                    await self._idle_waiter
+                finally:
+                    timer.cancel()
+                    self._idle_waiter = None
+                if self._frames:
+                    self._start = loop.time() - self._pts / WIRE_RATE
+            elif wait > 0:
                 await asyncio.sleep(wait)
             elif wait < -0.2:  # the loop stalled: restart the clock rather than burst to catch up
                 self._start = loop.time() - self._pts / WIRE_RATE
@@ -299,6 +347,7 @@ class Call:
         if len(audio) != 1:
             raise CallError(400, "invalid_offer", f"the offer must have exactly one audio section, it has {len(audio)}", "sdp")
         audio[0].setCodecPreferences(opus)
+        decode_on_arrival(audio[0].receiver)
         self.pc.addTrack(self.track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())  # gathers host candidates (no trickle)
         return self.pc.localDescription.sdp
