@@ -242,6 +242,33 @@ def test_bad_offers_get_clear_400s(live_server, case):
     assert live_server.state()["sessions"] == 0
 
 
+async def test_sideband_websocket_drives_the_same_session(live_server):
+    import websockets
+
+    call = RealtimeCall(live_server.http_url)
+    assert (await call.connect()).status_code == 201
+    try:
+        await call.next_event("session.created")
+        async with websockets.connect(f"{live_server.ws_url}/v1/realtime?call_id={call.call_id}", open_timeout=30) as side:
+            await side.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "From the controller."}}))
+            seen = json.loads(await asyncio.wait_for(side.recv(), 10))
+            assert seen["type"] == "session.updated" and seen["session"]["instructions"] == "From the controller."
+            updated = await call.next_event("session.updated", 10)  # the browser side sees it too
+            assert updated["event_id"] == seen["event_id"]
+            await side.send("junk")
+            err = json.loads(await asyncio.wait_for(side.recv(), 10))
+            assert err["type"] == "error"
+            validate_event(seen)
+            validate_event(err)
+        async with websockets.connect(f"{live_server.ws_url}/v1/realtime?call_id=rtc_nope", open_timeout=30) as bad:
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(bad.recv(), 10)
+            assert closed.value.rcvd.code == 1008
+        assert await call.hangup() == 200
+    finally:
+        await call.close()
+
+
 def test_hangup_of_an_unknown_call_is_404(live_server):
     resp = httpx.post(f"{live_server.http_url}/v1/realtime/calls/rtc_nope/hangup")
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "call_not_found"

@@ -113,9 +113,15 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
 
     app.mount("/static", StaticFiles(directory=web), name="static")
 
+    calls = CallRegistry(runtime)  # WebRTC calls (omni_rt.transports.webrtc)
+    app.state.calls = calls
+
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket) -> None:
         if not await admit(ws, runtime, "realtime"):
+            return
+        if (call_id := ws.query_params.get("call_id")) is not None:  # sideband of a WebRTC call
+            await calls.sideband(call_id, ws)
             return
         beta = ws.query_params.get("beta") in ("1", "true") or "realtime=v1" in ws.headers.get("openai-beta", "")
         model = ws.query_params.get("model")
@@ -124,9 +130,6 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
                                  voices=tuple(runtime.config.voices))
         runner = SessionRunner(runtime, RealtimeSession(options, runtime.session_limits()))
         await serve_session(ws, runtime, runner, receive_realtime)
-
-    calls = CallRegistry(runtime)
-    app.state.calls = calls
 
     @app.post("/v1/realtime/calls")
     async def create_call(request: Request) -> Response:

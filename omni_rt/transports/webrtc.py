@@ -15,6 +15,8 @@ differs is only the carriage:
 - A call ends on hangup (``POST /v1/realtime/calls/{id}/hangup``), the peer closing or failing ICE, the data
   channel or mic track ending, no inbound audio for ``webrtc_media_timeout_s`` (a peer that vanished), or
   server shutdown; then its session and everything it held are freed.
+- A sideband WebSocket ``/v1/realtime?call_id=ID`` (a server-side controller: tools, instructions) feeds the
+  same session and receives the same server events as the data channel.
 
 aiortc is an optional dependency (the ``webrtc`` extra); without it the route answers 501.
 """
@@ -54,6 +56,7 @@ DATA_CHANNEL = "oai-events"
 MAX_SDP_BYTES = 64 * 1024
 MAX_SESSION_BYTES = 256 * 1024
 MAX_QUEUED_FRAMES = 50 * 300  # 5 minutes of answer audio queued in the track
+MAX_SIDEBAND_EVENTS = 4096  # server events queued for a sideband controller that does not read
 
 
 class ImmediateAudioBuffer:
@@ -327,6 +330,7 @@ class Call:
         self._out_resampler: StreamResampler | None = None
         self._out_key: tuple[str, str] | None = None  # (item id, format) the resampler is streaming
         self._tasks: list[asyncio.Task] = []
+        self._sidebands: set[asyncio.Queue] = set()  # server-side controllers (serve_sideband)
         self._main: asyncio.Task | None = None
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("track", self._on_track)
@@ -417,6 +421,11 @@ class Call:
     def _send(self, event: dict[str, Any]) -> None:
         if self.channel is not None and self.channel.readyState == "open":
             self.channel.send(json.dumps(event))
+        for queue in list(self._sidebands):
+            if queue.full():  # a controller that stopped reading is dropped, the call goes on
+                self._sidebands.discard(queue)
+            else:
+                queue.put_nowait(event)
 
     def _audio_started(self, response_id: str) -> None:
         self._send({"type": "output_audio_buffer.started", "event_id": new_id("event"), "response_id": response_id})
@@ -528,8 +537,37 @@ class Call:
             host.metrics.sessions.dec()
             self.registry.calls.pop(self.id, None)
 
-    def live_state(self) -> dict[str, int]:
-        return {"queued_frames": self.track.queued_frames(), "tasks": sum(not t.done() for t in self._tasks)}
+    async def serve_sideband(self, ws: Any) -> None:
+        """A server-side controller on ``/v1/realtime?call_id=``: its client events drive this call's session (same
+        validation), and it receives every server event the data channel gets, until either side leaves."""
+        from starlette.websockets import WebSocketDisconnect
+
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=MAX_SIDEBAND_EVENTS)
+        self._sidebands.add(queue)
+
+        async def send() -> None:
+            while True:
+                await ws.send_json(await queue.get())
+
+        async def receive() -> None:
+            while True:
+                msg = await ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    raise WebSocketDisconnect(msg.get("code", 1000))
+                data = msg.get("text") if msg.get("text") is not None else msg.get("bytes")
+                if data is not None and not self.ended.is_set():
+                    self.runner.feed_message(data)
+
+        tasks = [asyncio.create_task(send()), asyncio.create_task(receive()), asyncio.create_task(self.ended.wait())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._sidebands.discard(queue)
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(Exception):
+                reason = "call ended" if self.ended.is_set() else ("sideband not reading" if queue.full() else "")
+                await ws.close(code=1000 if not queue.full() else 1008, reason=reason)
 
 
 class CallRegistry:
@@ -573,6 +611,13 @@ class CallRegistry:
         call.start()
         log.info("call %s: session %s", call.id, session.id)
         return call
+
+    async def sideband(self, call_id: str, ws: Any) -> None:
+        call = self.calls.get(call_id)
+        if call is None:
+            await ws.close(code=1008, reason="unknown call_id")
+            return
+        await call.serve_sideband(ws)
 
     def hangup(self, call_id: str) -> bool:
         call = self.calls.get(call_id)
