@@ -332,4 +332,4 @@ async def test_calls_count_against_max_sessions(live_server):
                 await c.hangup()
             await c.close()
     state = await wait_state(live_server, lambda s: s["sessions"] == 0 and s["total"] == 0, 20)
-    assert state["sessions"] == 0, state
+    assert state["sessions"] == 0 and state["total"] == 0, state

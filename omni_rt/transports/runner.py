@@ -43,10 +43,14 @@ class SessionRunner:
         self._pump()
 
     def feed_message(self, raw: str | bytes) -> None:
+        if self.session.closed:  # input racing the close (a transport's reader not yet cancelled) is dropped:
+            return  # it would reopen per-session state in the audio-in stage that nothing frees
         self.session.receive_message(raw)
         self._pump()
 
     def feed_event(self, event: dict[str, Any]) -> None:
+        if self.session.closed:
+            return
         self.session.receive_event(event)
         self._pump()
 

@@ -524,12 +524,12 @@ class Call:
             raise
         finally:
             ended.cancel()
+            for task in self._tasks:  # the mic first: no append may follow the close
+                task.cancel()
             await self.runner.close()
             with contextlib.suppress(BaseException):  # the last events (response.done) go out first
                 await asyncio.wait_for(pump, timeout=1.0)
             pump.cancel()
-            for task in self._tasks:
-                task.cancel()
             self.track.stop()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.pc.close(), timeout=5.0)
