@@ -256,3 +256,26 @@ def test_voice_demo_over_webrtc_answers_and_barge_in_stops_it(live_server, story
     assert not stats["received"].get("response.output_audio.delta"), "audio comes on the track over WebRTC"
     assert not stats["errors"], stats["errors"]
     assert not page_errors, page_errors
+
+
+def test_voice_demo_falls_back_to_the_websocket_when_webrtc_fails(live_server, question_wav: Path, tmp_path: Path) -> None:
+    """The offer goes to an address that refuses it (``?calls=`` a missing route): the page says so and connects
+    over the WebSocket instead."""
+    with sync_api.sync_playwright() as pw:
+        context = launch(pw, tmp_path, question_wav)
+        try:
+            page = context.new_page()
+            page.goto(live_server.http_url.rstrip("/") + "/?calls=/v1/no-such-route", wait_until="load")
+            page.wait_for_function("window.omniStats && window.omniStats.state === 'idle'", timeout=10_000)
+            page.click("#connect")
+            page.wait_for_function("window.omniStats.state === 'connected'", timeout=30_000, polling=100)
+            stats = page.evaluate("window.omniStats")
+            live = page.inner_text("#live-transport").strip()
+            log_text = page.inner_text("#log")
+        finally:
+            context.close()
+    assert stats["transport"] == "websocket" and len(stats["fallbacks"]) == 1, stats
+    assert "HTTP 404" in stats["fallbacks"][0] or "HTTP 405" in stats["fallbacks"][0], stats["fallbacks"]
+    assert live == "WebSocket live", live
+    assert "using the WebSocket instead" in log_text, log_text
+    assert stats["sent"].get("session.update") == 1
