@@ -97,6 +97,36 @@ async def test_session_config_in_the_offer(live_server, body):
         await call.close()
 
 
+async def test_openai_sdk_calls_create_and_hangup(live_server):
+    """openai-python's own ``realtime.calls.create`` (multipart sdp + session) and ``calls.hangup``, unchanged."""
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(api_key="unused", base_url=f"{live_server.http_url}/v1")
+    call = RealtimeCall(live_server.http_url)
+
+    call.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    call.dc = call.pc.createDataChannel("oai-events")
+    call.dc.on("open", call.opened.set)
+    call.dc.on("message", call._on_message)
+    call.pc.addTrack(call.mic)
+    try:
+        await call.pc.setLocalDescription(await call.pc.createOffer())
+        raw = await client.realtime.calls.with_raw_response.create(
+            sdp=call.pc.localDescription.sdp, session={"type": "realtime", "instructions": "SDK call."})
+        assert raw.status_code == 201 and raw.headers["location"].startswith("/v1/realtime/calls/rtc_")
+        await call.pc.setRemoteDescription(RTCSessionDescription(sdp=raw.content.decode(), type="answer"))
+        await asyncio.wait_for(call.opened.wait(), 20)
+        created = await call.next_event("session.created")
+        assert created["session"]["instructions"] == "SDK call."
+        await client.realtime.calls.hangup(raw.headers["location"].rsplit("/", 1)[-1])
+        state = await wait_state(live_server, lambda s: s["sessions"] == 0, 15)
+        assert state["sessions"] == 0, state
+    finally:
+        await call.close()
+        await client.close()
+
+
 async def test_bad_session_config_is_a_clear_400(live_server):
     call = RealtimeCall(live_server.http_url)
     resp = await call.connect(session={"type": "realtime", "audio": {"output": {"format": {"type": "audio/flac"}}}}, body="json")
