@@ -56,6 +56,7 @@ DATA_CHANNEL = "oai-events"
 MAX_SDP_BYTES = 64 * 1024
 MAX_SESSION_BYTES = 256 * 1024
 MAX_QUEUED_FRAMES = 50 * 300  # 5 minutes of answer audio queued in the track
+MAX_SILENCE_SLIP_S = 0.002  # per silent frame, while the send clock is ahead of the RTP clock
 MAX_SIDEBAND_EVENTS = 4096  # server events queued for a sideband controller that does not read
 
 
@@ -216,6 +217,7 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
         self._pts = 0
         self._silence = np.zeros(FRAME_SAMPLES, np.int16)
         self._idle_waiter: asyncio.Future | None = None  # set while recv() sleeps with nothing queued
+        self._ahead = 0.0  # seconds the send clock runs ahead of the RTP clock (early first frames), repaid in silence
 
     def push(self, response_id: str, item_id: str, samples: np.ndarray) -> None:
         """Queue float32 48 kHz audio of one response (whole frames; a short tail waits for more)."""
@@ -270,10 +272,15 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
             self._start = loop.time()
         else:
             self._pts += FRAME_SAMPLES
+            if not self._frames and self._ahead > 0:  # silence: slip back toward the RTP clock, 2 ms a frame
+                repay = min(self._ahead, MAX_SILENCE_SLIP_S)
+                self._start += repay
+                self._ahead -= repay
             wait = self._start + self._pts / WIRE_RATE - loop.time()
             if wait > 0 and not self._frames:
                 # idle (silence going out): an answer's first frame goes out when it arrives, not at the next
-                # tick, and the clock restarts from it (the receiver takes a frame early in its stride)
+                # tick (up to 20 ms sooner); the receiver takes that frame early in its stride, and the silence
+                # after the answer gives the time back
                 self._idle_waiter = loop.create_future()
                 timer = loop.call_later(wait, lambda f=self._idle_waiter: f.done() or f.set_result(None))
                 try:
@@ -282,11 +289,15 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
                     timer.cancel()
                     self._idle_waiter = None
                 if self._frames:
-                    self._start = loop.time() - self._pts / WIRE_RATE
+                    early = self._start + self._pts / WIRE_RATE - loop.time()
+                    if early > 0:
+                        self._start -= early
+                        self._ahead += early
             elif wait > 0:
                 await asyncio.sleep(wait)
             elif wait < -0.2:  # the loop stalled: restart the clock rather than burst to catch up
                 self._start = loop.time() - self._pts / WIRE_RATE
+                self._ahead = 0.0
         pcm = self._silence
         if self._frames:
             response_id, item_id, pcm = self._frames.popleft()
