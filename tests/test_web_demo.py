@@ -1,9 +1,11 @@
 """End to end: the browser voice demo (web/) against the real server, in headless Chromium.
 
-Chromium's fake microphone plays a WAV of Piper saying "What is the capital of France?" followed by
-silence (Chromium loops the file). The test clicks Connect and waits until the page shows the question's
-transcript, has played the answer's audio through its playback worklet and shows a latency number.
-A screenshot taken mid-conversation is saved under the test's tmp dir and its path printed.
+Chromium's fake microphone plays a WAV of a Piper question followed by silence (Chromium loops the file).
+Over the WebSocket (``?transport=websocket``) the test waits until the page shows the question's transcript,
+has played the answer's audio through its playback worklet and shows a latency number; a screenshot taken
+mid-conversation is saved under the test's tmp dir and its path printed. Over WebRTC (the page's default) it
+waits for a spoken answer on the Opus track, which an independent faster-whisper transcribes back, and for the
+looped question to barge in: the server clears the track and the sound stops.
 
 Uses the Debian Chromium at /usr/bin/chromium (never a browser download) through Playwright, and the
 session-scoped ``live_server`` fixture from conftest.py (the real ``omni-rt serve`` on the CPU preset).
@@ -11,6 +13,7 @@ session-scoped ``live_server`` fixture from conftest.py (the real ``omni-rt serv
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import re
@@ -21,12 +24,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from omni_rt.audio.pcm import resample
+
 sync_api = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = Path("/usr/bin/chromium")
 RATE = 24000
 CONVERSATION_TIMEOUT_S = 120.0  # everything after the page loads
 TRAILING_SILENCE_S = 8.0  # after the question, before Chromium loops the file
+STORY_PAUSE_S = 4.5  # after the story question: the answer starts in ~1-2 s, the loop cuts in on it
 
 pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Chromium at /usr/bin/chromium"),
@@ -46,6 +52,9 @@ CHROMIUM_ARGS = [
     "--use-fake-device-for-media-stream",
     "--use-fake-ui-for-media-stream",
     "--autoplay-policy=no-user-gesture-required",
+    # WebRTC on one machine: loopback candidates, and real addresses instead of mDNS names (aioice resolves none)
+    "--allow-loopback-in-peer-connection",
+    "--disable-features=WebRtcHideLocalIpsWithMdns",
 ]
 
 
@@ -59,17 +68,13 @@ def piper_voice_path() -> Path:
     return found[0]
 
 
-@pytest.fixture(scope="module")
-def question_wav(tmp_path_factory) -> Path:
-    """16-bit mono WAV: 0.5 s silence, the spoken question, then silence (48 kHz, Chromium's native rate).
-
-    Chromium loops the file, so the question comes back after the silence and barges in on whatever is
-    still playing; the silence is long enough for a slow (loaded, 2-core) machine to answer first.
-    """
+def write_question_wav(path: Path, text: str, trailing_s: float) -> Path:
+    """16-bit mono WAV: 0.5 s silence, the spoken question, then ``trailing_s`` of silence (48 kHz, Chromium's
+    native rate). Chromium loops the file, so the question comes back after the silence."""
     PiperVoice = pytest.importorskip("piper").PiperVoice
 
     voice = PiperVoice.load(str(piper_voice_path()))
-    chunks = list(voice.synthesize("What is the capital of France?"))
+    chunks = list(voice.synthesize(text))
     speech = np.concatenate([c.audio_float_array for c in chunks]).astype(np.float32)
     sr = chunks[0].sample_rate
     out_rate = 48000
@@ -80,15 +85,29 @@ def question_wav(tmp_path_factory) -> Path:
     except ImportError:  # pragma: no cover - soxr is a core dependency
         t = np.arange(int(len(speech) * out_rate / sr)) * (sr / out_rate)
         speech = np.interp(t, np.arange(len(speech)), speech).astype(np.float32)
-    audio = np.concatenate([np.zeros(out_rate // 2), speech, np.zeros(int(out_rate * TRAILING_SILENCE_S))])
+    audio = np.concatenate([np.zeros(out_rate // 2), speech, np.zeros(int(out_rate * trailing_s))])
     pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2")
-    path = tmp_path_factory.mktemp("web_demo") / "question.wav"
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(out_rate)
         w.writeframes(pcm.tobytes())
     return path
+
+
+@pytest.fixture(scope="module")
+def question_wav(tmp_path_factory) -> Path:
+    """The question, then silence long enough for a slow (loaded, 2-core) machine to answer before the loop
+    brings the question back."""
+    return write_question_wav(tmp_path_factory.mktemp("web_demo") / "question.wav", "What is the capital of France?",
+                              TRAILING_SILENCE_S)
+
+
+@pytest.fixture(scope="module")
+def story_wav(tmp_path_factory) -> Path:
+    """A question with a long answer and a short pause after it: the looped question barges in on the answer."""
+    return write_question_wav(tmp_path_factory.mktemp("web_demo") / "story.wav",
+                              "Tell me a long story about a dragon who lived in the mountains.", STORY_PAUSE_S)
 
 
 def test_voice_demo_end_to_end(live_server, question_wav: Path, tmp_path: Path) -> None:
@@ -110,7 +129,7 @@ def test_voice_demo_end_to_end(live_server, question_wav: Path, tmp_path: Path) 
             page.on("pageerror", lambda exc: page_errors.append(str(exc)))
             page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
 
-            page.goto(base_url + "/", wait_until="load")
+            page.goto(base_url + "/?transport=websocket", wait_until="load")
             assert "omni-rt" in page.title()
             for element_id in ("connect", "mute", "token", "status", "latency", "log"):
                 assert page.locator(f"#{element_id}").count() == 1, f"#{element_id} missing"
@@ -161,3 +180,102 @@ def test_voice_demo_end_to_end(live_server, question_wav: Path, tmp_path: Path) 
     assert not stats["errors"], "server error events: " + json.dumps(stats["errors"])
     assert not page_errors, page_errors
     assert screenshot.exists() and screenshot.stat().st_size > 0
+
+
+def launch(pw, tmp_path: Path, wav: Path):
+    return pw.chromium.launch_persistent_context(
+        str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True,
+        args=CHROMIUM_ARGS + [f"--use-file-for-fake-audio-capture={wav}"], viewport={"width": 960, "height": 900})
+
+
+def test_voice_demo_over_webrtc_answers_and_barge_in_stops_it(live_server, story_wav: Path, tmp_path: Path) -> None:
+    from faster_whisper import WhisperModel
+
+    from omni_rt.backends.asr import default_whisper_dir
+
+    page_errors: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        context = launch(pw, tmp_path, story_wav)
+        try:
+            page = context.new_page()
+            page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+            page.goto(live_server.http_url.rstrip("/") + "/?record=1", wait_until="load")
+            assert page.input_value("#transport") == "webrtc", "WebRTC is the page's default"
+            page.wait_for_function("window.omniStats && window.omniStats.state === 'idle'", timeout=10_000)
+            page.click("#connect")
+            deadline = time.monotonic() + CONVERSATION_TIMEOUT_S
+
+            def wait_for(expression: str, what: str) -> None:
+                try:
+                    page.wait_for_function(expression, timeout=max(1.0, deadline - time.monotonic()) * 1000, polling=100)
+                except sync_api.TimeoutError:
+                    page.screenshot(path=str(tmp_path / "webrtc_failure.png"))
+                    pytest.fail(f"timed out waiting for {what}\nstatus: {page.inner_text('#status')!r}\n"
+                                f"omniStats: {page.evaluate('JSON.stringify(window.omniStats)')}\npage errors: {page_errors}")
+
+            wait_for("window.omniStats.state === 'connected'", "the page to connect")
+            stats = page.evaluate("window.omniStats")
+            assert stats["transport"] == "webrtc" and not stats["fallbacks"], stats
+            assert page.inner_text("#live-transport").strip() == "WebRTC live"
+            assert stats["callId"] and stats["callId"].startswith("rtc_")
+            wait_for("window.omniStats.userTranscripts.some(t => /dragon|story|mountain/i.test(t))", "the question's transcript")
+            wait_for("window.omniStats.latencies.length > 0", "a measured latency (first sound of the answer)")
+            wait_for(f"window.omniStats.playedSamples > {int(0.5 * RATE)}", "0.5 s of answer audio heard")
+            wait_for("window.omniStats.cleared > 0", "the looped question to barge in (output_audio_buffer.cleared)")
+            time.sleep(0.5)  # the receiver's jitter buffer drains
+            before = page.evaluate("window.omniStats.playedSamples")
+            time.sleep(1.5)  # the user is still speaking: no new answer yet
+            after = page.evaluate("window.omniStats.playedSamples")
+            stats = page.evaluate("window.omniStats")
+            recorded = page.evaluate("""() => {
+                const n = window.omniRecorded.reduce((a, c) => a + c.length, 0);
+                const out = new Int16Array(n); let i = 0;
+                for (const c of window.omniRecorded) { out.set(c, i); i += c.length; }
+                let s = ''; const u8 = new Uint8Array(out.buffer);
+                for (let j = 0; j < u8.length; j += 0x8000) s += String.fromCharCode.apply(null, u8.subarray(j, j + 0x8000));
+                return btoa(s);
+            }""")
+            latency_text = page.inner_text("#latency")
+        finally:
+            context.close()
+
+    assert after - before < 0.1 * RATE, f"sound went on after the barge-in: {(after - before) / RATE:.2f} s in 1.5 s"
+    audio = np.frombuffer(base64.b64decode(recorded), "<i2").astype(np.float32) / 32768.0
+    assert len(audio) > RATE, "nothing recorded from the answer's track"
+    whisper = WhisperModel(str(default_whisper_dir()), device="cpu", compute_type="int8", cpu_threads=1)
+    segments, _ = whisper.transcribe(resample(audio, RATE, 16000), language="en", beam_size=1)
+    heard_text = " ".join(seg.text for seg in segments).lower()
+    said = " ".join(stats["assistantTranscripts"]).lower()
+    words = {w.strip(".,!?'\"") for w in said.split()} - {""}
+    overlap = {w for w in heard_text.replace(",", " ").replace(".", " ").split() if len(w) > 3 and w in words}
+    print(f"\nwebrtc demo: assistant said {stats['assistantTranscripts']!r}; whisper heard {heard_text!r}; "
+          f"latencies {[round(x) for x in stats['latencies']]} ms; cleared {stats['cleared']}")
+    assert overlap, f"whisper heard {heard_text!r}, the assistant said {said!r}"
+    assert re.fullmatch(r"\d+ ms", latency_text.strip()), latency_text
+    assert stats["sent"].get("session.update") == 1 and not stats["sent"].get("input_audio_buffer.append")
+    assert not stats["received"].get("response.output_audio.delta"), "audio comes on the track over WebRTC"
+    assert not stats["errors"], stats["errors"]
+    assert not page_errors, page_errors
+
+
+def test_voice_demo_falls_back_to_the_websocket_when_webrtc_fails(live_server, question_wav: Path, tmp_path: Path) -> None:
+    """The offer goes to an address that refuses it (``?calls=`` a missing route): the page says so and connects
+    over the WebSocket instead."""
+    with sync_api.sync_playwright() as pw:
+        context = launch(pw, tmp_path, question_wav)
+        try:
+            page = context.new_page()
+            page.goto(live_server.http_url.rstrip("/") + "/?calls=/v1/no-such-route", wait_until="load")
+            page.wait_for_function("window.omniStats && window.omniStats.state === 'idle'", timeout=10_000)
+            page.click("#connect")
+            page.wait_for_function("window.omniStats.state === 'connected'", timeout=30_000, polling=100)
+            stats = page.evaluate("window.omniStats")
+            live = page.inner_text("#live-transport").strip()
+            log_text = page.inner_text("#log")
+        finally:
+            context.close()
+    assert stats["transport"] == "websocket" and len(stats["fallbacks"]) == 1, stats
+    assert "HTTP 404" in stats["fallbacks"][0] or "HTTP 405" in stats["fallbacks"][0], stats["fallbacks"]
+    assert live == "WebSocket live", live
+    assert "using the WebSocket instead" in log_text, log_text
+    assert stats["sent"].get("session.update") == 1

@@ -1,9 +1,15 @@
-// omni-rt browser voice demo.
+// omni-rt browser voice demo, over WebRTC by default and WebSocket as the fallback.
 //
-// Microphone -> AudioWorklet (24 kHz PCM16) -> `input_audio_buffer.append` over
-// the OpenAI Realtime protocol on WS /v1/realtime; `response.output_audio.delta`
-// -> AudioWorklet jitter buffer -> speakers. Barge-in flushes playback at once
-// and truncates the interrupted item where the user stopped hearing it.
+// WebRTC (OpenAI's WebRTC flow): the microphone track and the answer's track are
+// Opus; events travel on the data channel `oai-events`; the offer is POSTed to
+// /v1/realtime/calls. The server paces the audio, clears it on barge-in and
+// truncates the item to what was played. When WebRTC does not connect (no
+// answer, ICE fails, timeout) the page falls back to the WebSocket.
+//
+// WebSocket: microphone -> AudioWorklet (24 kHz PCM16) -> `input_audio_buffer.append`
+// on WS /v1/realtime; `response.output_audio.delta` -> AudioWorklet jitter buffer
+// -> speakers. Barge-in flushes playback at once and truncates the interrupted
+// item where the user stopped hearing it.
 //
 // No build step and no external resources. State for tests: window.omniStats.
 
@@ -11,6 +17,9 @@ const RATE = 24000; // wire format: audio/pcm, 24 kHz, mono, PCM16 little-endian
 const CHUNK_MS = 20; // microphone chunk per append
 const PREBUFFER_MS = 80; // jitter buffer before playback starts
 const REBUFFER_MS = 40; // after an underrun
+const RTC_CONNECT_TIMEOUT_MS = 10000; // offer posted -> data channel open, else fall back to WebSocket
+const SOUND_RMS = 0.01; // a 20 ms chunk of the answer's track louder than this is sound
+const RECORD_LIMIT_CHUNKS = 50 * 60; // ?record=1 keeps the first minute of received audio (tests)
 
 const SESSION_UPDATE = {
   type: 'session.update',
@@ -56,6 +65,9 @@ const ui = {
   level: $('level'),
   activity: $('activity'),
   details: $('details'),
+  transport: $('transport'),
+  liveTransport: $('live-transport'),
+  remoteAudio: $('remote-audio'),
 };
 
 const stats = {
@@ -74,8 +86,13 @@ const stats = {
   closeCode: null,
   closeReason: '',
   sessionId: null,
+  transport: null, // the transport in use: 'webrtc' | 'websocket'
+  fallbacks: [], // why WebRTC was given up for WebSocket
+  callId: null,
+  cleared: 0, // output_audio_buffer.cleared events (WebRTC barge-in)
 };
 window.omniStats = stats;
+window.omniRecorded = []; // Int16Array chunks of the answer's track (24 kHz), with ?record=1
 
 // ---------------------------------------------------------------- helpers
 
@@ -129,6 +146,18 @@ function realtimeUrl(token) {
   return u;
 }
 
+function callsUrl() {
+  // ?calls=http://host:port/v1/realtime/calls points the page at another server.
+  const given = new URLSearchParams(location.search).get('calls');
+  return new URL(given || new URL('../v1/realtime/calls', import.meta.url).href, location.href);
+}
+
+function showTransport(kind, phase) {
+  const name = kind === 'webrtc' ? 'WebRTC' : 'WebSocket';
+  ui.liveTransport.textContent = phase === 'live' ? `${name} live` : phase === 'connecting' ? `${name}…` : '';
+  ui.liveTransport.dataset.kind = phase === 'live' ? kind : '';
+}
+
 function median(xs) {
   const s = [...xs].sort((a, b) => a - b);
   const m = s.length >> 1;
@@ -147,7 +176,9 @@ function setState(state, text) {
   ui.connect.setAttribute('aria-label', live ? 'Disconnect' : 'Connect');
   ui.mute.disabled = state !== 'connected';
   ui.token.disabled = live;
+  ui.transport.disabled = live;
   if (!live) {
+    showTransport(null, '');
     ui.mute.setAttribute('aria-pressed', 'false');
     ui.mute.textContent = 'Mute';
     ui.level.style.width = '0';
@@ -249,9 +280,11 @@ class Session {
     this.flushWaiters = new Map();
     this.zeroChunk = null;
     this.levelTick = 0;
+    this.transport = 'websocket';
   }
 
-  async start() {
+  // Audio contexts and the microphone; `beforePrompt` runs while the user answers the permission prompt.
+  async openMic(beforePrompt) {
     setState('connecting', 'Starting microphone…');
     // Audio contexts are created inside the click so playback is allowed to start.
     try {
@@ -267,8 +300,7 @@ class Session {
     if (!window.isSecureContext || !navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
       throw new ClientError('The microphone needs a secure page: open this demo over https:// or http://localhost.');
     }
-    // Open the socket while the user answers the permission prompt.
-    this.openSocket();
+    beforePrompt();
 
     let stream;
     try {
@@ -290,9 +322,16 @@ class Session {
     }
     if (this.closed) {
       stream.getTracks().forEach((t) => t.stop());
-      return;
+      return false;
     }
     this.stream = stream;
+    return true;
+  }
+
+  async start() {
+    stats.transport = 'websocket';
+    showTransport('websocket', 'connecting');
+    if (!(await this.openMic(() => this.openSocket()))) return;
 
     await Promise.all([
       this.captureCtx.audioWorklet.addModule(new URL('./capture-worklet.js', import.meta.url)),
@@ -309,7 +348,7 @@ class Session {
     this.playNode.port.onmessage = (e) => this.onPlayback(e.data);
     this.playNode.connect(this.playCtx.destination);
 
-    const source = this.captureCtx.createMediaStreamSource(stream);
+    const source = this.captureCtx.createMediaStreamSource(this.stream);
     this.captureNode = new AudioWorkletNode(this.captureCtx, 'omni-capture', {
       numberOfInputs: 1,
       numberOfOutputs: 0,
@@ -359,6 +398,7 @@ class Session {
 
   onReady() {
     setState('connected', 'Connected — speak now');
+    showTransport(this.transport, 'live');
     // If the browser never starts audio (no output device, autoplay policy), say so instead of hanging.
     setTimeout(() => {
       if (this.closed || stats.micChunks > 0) return;
@@ -673,22 +713,205 @@ class Session {
 }
 
 class ClientError extends Error {}
+class TransportError extends Error {} // WebRTC could not connect: fall back to WebSocket
+
+// The same session over WebRTC: events on the data channel, audio on Opus tracks. The server clears and
+// truncates on barge-in, so this class only listens to the answer's track (latency, played audio).
+class RtcSession extends Session {
+  constructor(token) {
+    super(token);
+    this.transport = 'webrtc';
+    this.pc = null;
+    this.dc = null;
+    this.lastAssistantItem = null;
+    this.record = new URLSearchParams(location.search).get('record') === '1';
+  }
+
+  async start() {
+    stats.transport = 'webrtc';
+    showTransport('webrtc', 'connecting');
+    if (!(await this.openMic(() => {}))) return;
+    await Promise.all([
+      this.captureCtx.audioWorklet.addModule(new URL('./capture-worklet.js', import.meta.url)),
+      this.playCtx.audioWorklet.addModule(new URL('./capture-worklet.js', import.meta.url)),
+    ]);
+    if (this.closed) return;
+    // the microphone level meter (the audio itself goes on the track)
+    this.source = this.captureCtx.createMediaStreamSource(this.stream);
+    this.captureNode = this.monitorNode(this.captureCtx, this.source, (msg) => this.onMic(msg));
+
+    setState('connecting', 'Connecting over WebRTC…');
+    const pc = new RTCPeerConnection();
+    this.pc = pc;
+    const dc = pc.createDataChannel('oai-events');
+    this.dc = dc;
+    const open = new Promise((resolve, reject) => {
+      dc.onopen = resolve;
+      pc.onconnectionstatechange = () => {
+        if (pc.connectionState === 'failed') {
+          if (!this.opened) reject(new TransportError('the WebRTC connection failed (ICE)'));
+          else this.onLost('WebRTC connection lost');
+        }
+      };
+      setTimeout(() => reject(new TransportError(`WebRTC did not connect in ${RTC_CONNECT_TIMEOUT_MS / 1000} s`)), RTC_CONNECT_TIMEOUT_MS);
+    });
+    open.catch(() => {}); // awaited below; a rejection before that is not 'unhandled'
+    dc.onmessage = (e) => {
+      let ev;
+      try {
+        ev = JSON.parse(e.data);
+      } catch (err) {
+        note(`Unreadable message from the server: ${String(e.data).slice(0, 120)}`, true);
+        return;
+      }
+      try {
+        this.onEvent(ev);
+      } catch (err) {
+        console.error('omni-rt: failed to handle', ev && ev.type, err);
+      }
+    };
+    dc.onclose = () => { if (this.opened) this.onLost('The call ended'); };
+    pc.addTrack(this.stream.getAudioTracks()[0], this.stream);
+    pc.ontrack = (e) => this.onRemoteTrack(e);
+
+    await pc.setLocalDescription(await pc.createOffer());
+    const headers = { 'Content-Type': 'application/sdp' };
+    if (this.token) headers.Authorization = `Bearer ${this.token}`;
+    this.url = callsUrl();
+    let resp;
+    try {
+      resp = await fetch(this.url.href, { method: 'POST', body: pc.localDescription.sdp, headers });
+    } catch (e) {
+      throw new TransportError(`could not reach ${this.url.origin}: ${e.message}`);
+    }
+    if (!resp.ok) {
+      let why = `HTTP ${resp.status}`;
+      try { why += `: ${(await resp.json()).error.message}`; } catch (e) { /* not JSON */ }
+      if (resp.status === 401 || resp.status === 403) throw new ClientError(`Not authorized — check the API token (${why})`);
+      if (resp.status === 503) throw new ClientError(`Server is full — try again later (${why})`);
+      throw new TransportError(why);
+    }
+    stats.callId = (resp.headers.get('Location') || '').split('/').pop() || null;
+    await pc.setRemoteDescription({ type: 'answer', sdp: await resp.text() });
+    if (this.closed) return;
+    await open;
+    if (this.closed) return;
+    this.opened = true;
+    this.send(SESSION_UPDATE);
+    this.onReady();
+  }
+
+  monitorNode(ctx, source, onmessage) {
+    const node = new AudioWorkletNode(ctx, 'omni-capture', {
+      numberOfInputs: 1, numberOfOutputs: 0, channelCount: 1, channelCountMode: 'explicit',
+      processorOptions: { chunkMs: CHUNK_MS },
+    });
+    node.port.onmessage = (e) => onmessage(e.data);
+    source.connect(node);
+    return node;
+  }
+
+  onRemoteTrack(e) {
+    const stream = e.streams[0] || new MediaStream([e.track]);
+    // Chrome plays a remote WebRTC stream only through a media element; Web Audio then may tap it too.
+    ui.remoteAudio.srcObject = stream;
+    ui.remoteAudio.play().catch(() => note('The browser blocked audio playback: click the page to allow sound.', true));
+    this.remoteSource = this.playCtx.createMediaStreamSource(stream);
+    this.playNode = this.monitorNode(this.playCtx, this.remoteSource, (msg) => this.onHeard(msg));
+  }
+
+  onHeard(msg) {
+    if (msg.type !== 'audio') return;
+    if (this.record && window.omniRecorded.length < RECORD_LIMIT_CHUNKS) window.omniRecorded.push(msg.pcm);
+    if (msg.rms <= SOUND_RMS) return;
+    stats.playedSamples += msg.pcm.length;
+    if (this.pendingStop !== null) {
+      // the chunk ends now; its first samples sounded CHUNK_MS earlier
+      showLatency(Math.max(0, performance.now() - CHUNK_MS - this.pendingStop), this.lastAssistantItem);
+      this.pendingStop = null;
+    }
+    ui.activity.textContent = 'assistant speaking';
+  }
+
+  onMic(msg) {
+    if (msg.type !== 'audio') return;
+    stats.micChunks++;
+    if (++this.levelTick % 2 === 0) {
+      ui.level.style.width = `${Math.round((this.muted ? 0 : Math.min(1, Math.sqrt(msg.rms) * 2.2)) * 100)}%`;
+    }
+  }
+
+  send(ev) {
+    if (!this.dc || this.dc.readyState !== 'open') return false;
+    this.dc.send(JSON.stringify(ev));
+    stats.sent[ev.type] = (stats.sent[ev.type] || 0) + 1;
+    return true;
+  }
+
+  bargeIn() {} // the server clears its outgoing audio and truncates (output_audio_buffer.cleared)
+
+  onEvent(ev) {
+    super.onEvent(ev);
+    if (ev.type === 'response.output_item.added' && ev.item && ev.item.role === 'assistant') this.lastAssistantItem = ev.item.id;
+    else if (ev.type === 'output_audio_buffer.cleared') {
+      stats.cleared++;
+      if (ui.activity.textContent === 'assistant speaking') ui.activity.textContent = '';
+    } else if (ev.type === 'output_audio_buffer.stopped') {
+      if (ui.activity.textContent === 'assistant speaking') ui.activity.textContent = '';
+    }
+  }
+
+  onLost(msg) {
+    if (this.closed) return;
+    this.failed = true;
+    this.teardown();
+    setState('error', msg);
+    note(msg, true);
+    session = null;
+  }
+
+  teardown() {
+    super.teardown();
+    if (this.dc) try { this.dc.close(); } catch (e) { /* ignore */ }
+    if (this.pc) try { this.pc.close(); } catch (e) { /* ignore */ }
+    ui.remoteAudio.srcObject = null;
+  }
+}
 
 async function connect() {
-  const s = new Session(ui.token.value.trim());
+  const token = ui.token.value.trim();
+  if (ui.transport.value === 'webrtc' && window.RTCPeerConnection) {
+    const rtc = new RtcSession(token);
+    session = rtc;
+    try {
+      await rtc.start();
+      return;
+    } catch (e) {
+      if (!(e instanceof TransportError) || session !== rtc) return fail(rtc, e);
+      rtc.teardown();
+      stats.fallbacks.push(e.message);
+      note(`WebRTC did not connect (${e.message}); using the WebSocket instead.`);
+    }
+  }
+  const s = new Session(token);
   session = s;
   try {
     await s.start();
   } catch (e) {
-    if (s.failed) return; // the socket closed first; its message is already shown
-    const msg = e instanceof ClientError ? e.message : `Could not start: ${e && e.message ? e.message : e}`;
-    if (!(e instanceof ClientError)) console.error(e);
-    stats.errors.push({ type: 'client', message: msg });
-    s.teardown();
-    if (session === s) session = null;
-    setState('error', msg);
-    note(msg, true);
+    fail(s, e);
   }
+}
+
+function fail(s, e) {
+  if (s.failed) return; // the connection closed first; its message is already shown
+  if (s.closed && session !== s) return; // the user cancelled
+  const msg = e instanceof ClientError ? e.message : `Could not start: ${e && e.message ? e.message : e}`;
+  if (!(e instanceof ClientError)) console.error(e);
+  stats.errors.push({ type: 'client', message: msg });
+  s.teardown();
+  if (session === s) session = null;
+  setState('error', msg);
+  note(msg, true);
 }
 
 $('connect-form').addEventListener('submit', (e) => {
@@ -701,7 +924,9 @@ ui.mute.addEventListener('click', () => {
 });
 window.addEventListener('pagehide', () => { if (session) session.close(); });
 
-// ?token=... pre-fills the token field.
-const preset = new URLSearchParams(location.search).get('token');
+// ?token=... pre-fills the token field; ?transport=websocket picks the WebSocket.
+const query = new URLSearchParams(location.search);
+const preset = query.get('token');
 if (preset) ui.token.value = preset;
+if (query.get('transport') === 'websocket' || !window.RTCPeerConnection) ui.transport.value = 'websocket';
 setState('idle', 'Not connected');

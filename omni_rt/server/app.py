@@ -20,6 +20,7 @@ from omni_rt.server.settings import ServerSettings
 from omni_rt.session.core import RealtimeSession, SessionOptions
 from omni_rt.transports.runner import SessionRunner
 from omni_rt.transports.twilio import twilio_endpoint
+from omni_rt.transports.webrtc import CallError, CallRegistry, read_offer
 from omni_rt.transports.websocket import CLOSE_FULL, CLOSE_GOING_AWAY, CLOSE_POLICY, receive_realtime, safe_reason, serve_session
 
 log = logging.getLogger("omni_rt.server")
@@ -34,7 +35,7 @@ def key_ok(settings: ServerSettings, key: str) -> bool:
     return not settings.api_key or hmac.compare_digest(key.encode(), settings.api_key.encode())
 
 
-def check_access(ws: WebSocket, settings: ServerSettings) -> str | None:
+def check_access(ws: WebSocket | Request, settings: ServerSettings) -> str | None:
     """Return why the connection is refused (auth / origin), or None. Never echoes the client's values."""
     origin = ws.headers.get("origin")
     if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
@@ -117,9 +118,15 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
 
     app.mount("/static", StaticFiles(directory=web), name="static")
 
+    calls = CallRegistry(runtime)  # WebRTC calls (omni_rt.transports.webrtc)
+    app.state.calls = calls
+
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket) -> None:
         if not await admit(ws, runtime, "realtime"):
+            return
+        if (call_id := ws.query_params.get("call_id")) is not None:  # sideband of a WebRTC call
+            await calls.sideband(call_id, ws)
             return
         beta = ws.query_params.get("beta") in ("1", "true") or "realtime=v1" in ws.headers.get("openai-beta", "")
         model = ws.query_params.get("model")
@@ -128,6 +135,35 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
                                  voices=tuple(runtime.config.voices))
         runner = SessionRunner(runtime, RealtimeSession(options, runtime.session_limits()))
         await serve_session(ws, runtime, runner, receive_realtime)
+
+    @app.post("/v1/realtime/calls")
+    async def create_call(request: Request) -> Response:
+        """OpenAI's WebRTC flow: SDP offer in, 201 + SDP answer + Location out (omni_rt.transports.webrtc)."""
+        refused = check_access(request, settings)
+        if refused is not None:
+            runtime.metrics.connections.labels(surface="webrtc", outcome="refused_auth").inc()
+            status = 403 if refused.startswith("origin") else 401
+            return JSONResponse(CallError(status, "invalid_api_key" if status == 401 else "origin_not_allowed", refused).body(), status_code=status)
+        try:
+            sdp, session = await read_offer(request)
+            if len(runtime.sessions) >= settings.max_sessions or runtime.draining:
+                runtime.metrics.connections.labels(surface="webrtc", outcome="refused_full").inc()
+                why = "server shutting down" if runtime.draining else f"server full: {settings.max_sessions} sessions"
+                raise CallError(503, "server_full", why)
+            call = await calls.create(sdp, session, request.query_params.get("model"), runtime.model_name)
+        except CallError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        runtime.metrics.connections.labels(surface="webrtc", outcome="accepted").inc()
+        return Response(call.pc.localDescription.sdp, status_code=201, media_type="application/sdp",
+                        headers={"Location": f"/v1/realtime/calls/{call.id}"})
+
+    @app.post("/v1/realtime/calls/{call_id}/hangup")
+    async def hangup_call(call_id: str, request: Request) -> Response:
+        if (refused := guarded(request)) is not None:
+            return refused
+        if not calls.hangup(call_id):
+            return JSONResponse(CallError(404, "call_not_found", "no such call").body(), status_code=404)
+        return Response(status_code=200)
 
     @app.websocket("/v1/telephony/twilio")
     async def twilio(ws: WebSocket) -> None:

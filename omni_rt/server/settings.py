@@ -40,3 +40,5 @@ class ServerSettings(BaseSettings):
     random_weights: Literal["full", "tiny"] | None = Field(None, description="random weights of the real shapes on "
                                                            "every stage that supports it ('tiny': shrunk, for CPU)")
     shutdown_grace_s: float = Field(5.0, ge=0, description="time open answers get to finish at shutdown")
+    webrtc_media_timeout_s: float = Field(15.0, gt=0, description="end a WebRTC call when no audio arrives from the "
+                                          "peer for this long (a peer that vanished without hanging up)")

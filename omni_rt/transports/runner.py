@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from omni_rt.core.coordinator import PipelineError, ResultItem, StreamItem
+from omni_rt.realtime.errors import ProtocolError
 from omni_rt.session import commands as cmd
 from omni_rt.session.core import RealtimeSession
 from omni_rt.contracts.payloads import AsrError, AsrEvent, SessionExpired
@@ -42,11 +43,20 @@ class SessionRunner:
         self._pump()
 
     def feed_message(self, raw: str | bytes) -> None:
+        if self.session.closed:  # input racing the close (a transport's reader not yet cancelled) is dropped:
+            return  # it would reopen per-session state in the audio-in stage that nothing frees
         self.session.receive_message(raw)
         self._pump()
 
     def feed_event(self, event: dict[str, Any]) -> None:
+        if self.session.closed:
+            return
         self.session.receive_event(event)
+        self._pump()
+
+    def report(self, exc: ProtocolError) -> None:
+        """A client message the transport refused before parsing (e.g. too large): an ``error`` event."""
+        self.session.send_error(exc)
         self._pump()
 
     def _on_audio_in(self, stage: str, event: Any) -> None:
