@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):  # the operator's own: no --thinker repo download either
+        os.environ.setdefault("OMNI_RT_ALLOW_THINKER_DOWNLOAD", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no stage reaches a hub behind the operator's back
     from omni_rt.server.serve import serve
     from omni_rt.server.settings import ServerSettings
 

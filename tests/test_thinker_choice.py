@@ -128,3 +128,37 @@ async def test_serve_with_an_openai_compatible_server(tmp_path, binary):
             stop_server(server)
     finally:
         upstream.stop()
+
+
+def _hub_env(tmp_path: Path) -> dict[str, str]:
+    import os
+
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    env.pop("HF_HUB_CACHE", None)
+    env.pop("OMNI_RT_ALLOW_THINKER_DOWNLOAD", None)
+    return env
+
+
+def test_hub_repo_thinker_comes_from_the_cache_or_fails_in_one_line(tmp_path):
+    """``--thinker OWNER/REPO[:FILE]``: a GGUF already in the Hugging Face cache is used with no network (the
+    cache laid out as huggingface_hub writes it); one not cached, with the operator's HF_HUB_OFFLINE=1, stops the
+    start with one line (no download is attempted: nothing here reaches a hub)."""
+    snap = tmp_path / "hf" / "hub" / "models--someone--tiny-chat-GGUF" / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("0" * 40)
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    for name in ("tiny-chat-Q4_K_M.gguf", "tiny-chat-Q8_0.gguf"):
+        _metadata_gguf(snap / name, template)
+    probe = ("import sys; from omni_rt.engine.thinker_choice import thinker_args, ThinkerError\n"
+             "try: print(thinker_args(sys.argv[1])['model'])\n"
+             "except ThinkerError as e: print('ERR', e)\n")
+    run = lambda spec: subprocess.run([sys.executable, "-c", probe, spec], env=_hub_env(tmp_path), cwd=ROOT,
+                                      capture_output=True, text=True, timeout=120).stdout.strip()
+    assert run("someone/tiny-chat-GGUF").endswith("tiny-chat-Q4_K_M.gguf")  # several files: the Q4_K_M one
+    assert run("someone/tiny-chat-GGUF:tiny-chat-Q8_0.gguf").endswith("tiny-chat-Q8_0.gguf")
+    cli = subprocess.run([sys.executable, "-m", "omni_rt.cli", "serve", "--thinker", "someone/not-cached-GGUF"],
+                         env=_hub_env(tmp_path), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 2, cli.stderr[-2000:]
+    line = cli.stderr.strip().splitlines()[-1]
+    assert "not in the Hugging Face cache" in line and "HF_HUB_OFFLINE" in line, cli.stderr[-2000:]

@@ -8,6 +8,10 @@ is wrong (``ThinkerError``), not a traceback from deep inside a stage:
   on llama.cpp like the packaged one (PyTorch fallback when ``llama-server`` is not built); its tokenizer, chat
   template, stop token and tool format are read from the GGUF itself (``weights.load_tokenizer``), so nothing
   SmolLM2-specific applies to it.
+- ``OWNER/REPO`` or ``OWNER/REPO:FILE.gguf``: a Hugging Face repo's GGUF, downloaded once into the Hugging Face
+  cache (its own progress bar) and then checked as a local file. The one download in omni-rt, and only because
+  the operator named it: a cached copy is used without the network; when the network or ``HF_HUB_OFFLINE=1``
+  forbids the download, the error says so. A repo with several GGUFs needs ``:FILE`` unless one is Q4_K_M.
 - ``http(s)://HOST:PORT/v1``: an OpenAI-compatible server (SGLang, vLLM, llama.cpp, Ollama, omni-rt's own).
   ``GET /models`` must answer; its first model is the one asked for. The upstream applies its own template.
 
@@ -18,12 +22,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
+HUB_SPEC = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?::(?P<file>[^\s:]+\.gguf))?$")
+PREFERRED_QUANT = "q4_k_m"  # what most GGUF repos call their default; picked when a repo holds several files
 
 
 class ThinkerError(ValueError):
@@ -36,7 +43,67 @@ def thinker_args(spec: str, api_key: str | None = None, timeout_s: float = 5.0) 
     spec = spec.strip()
     if spec.startswith(("http://", "https://")):
         return _remote(spec, api_key, timeout_s)
+    if is_hub_spec(spec):
+        return _gguf(str(hub_gguf(spec)), shown=spec)
     return _gguf(spec)
+
+
+def is_hub_spec(spec: str) -> bool:
+    """``OWNER/REPO`` or ``OWNER/REPO:FILE.gguf`` that is not a path on this machine."""
+    m = HUB_SPEC.match(spec)
+    if m is None or Path(spec).expanduser().exists():
+        return False
+    return m["file"] is not None or not spec.endswith(".gguf")
+
+
+def _pick_gguf(spec: str, names: list[str]) -> str:
+    ggufs = sorted(n for n in names if n.endswith(".gguf"))
+    if not ggufs:
+        raise ThinkerError(f"--thinker {spec}: the repo holds no .gguf file")
+    if len(ggufs) == 1:
+        return ggufs[0]
+    preferred = [n for n in ggufs if PREFERRED_QUANT in n.lower()]
+    if len(preferred) == 1:
+        return preferred[0]
+    shown = ", ".join(ggufs[:6]) + (" ..." if len(ggufs) > 6 else "")
+    raise ThinkerError(f"--thinker {spec}: the repo holds {len(ggufs)} GGUF files ({shown}); name one as {spec}:FILE.gguf")
+
+
+def hub_gguf(spec: str) -> Path:
+    """The local path of a hub repo's GGUF: from the Hugging Face cache if it is there, else downloaded once.
+
+    Why the offline switch is lifted here: ``omni-rt serve`` sets ``HF_HUB_OFFLINE=1`` by default so that no
+    stage reaches a hub behind the operator's back; naming a repo is asking for this one download. An
+    ``HF_HUB_OFFLINE=1`` the operator set (``OMNI_RT_ALLOW_THINKER_DOWNLOAD=0``, which the CLI sets then) is kept."""
+    import os
+
+    from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
+
+    m = HUB_SPEC.match(spec)
+    assert m is not None
+    repo, wanted = m["repo"], m["file"]
+    try:  # the cache first: no network needed for a model fetched before
+        folder = Path(snapshot_download(repo, allow_patterns=[wanted or "*.gguf"], local_files_only=True))
+        cached = [p.name for p in folder.glob("*.gguf")]
+        if cached:
+            return folder / (wanted if wanted else _pick_gguf(spec, cached))
+    except Exception:  # not cached (huggingface_hub raises one of several errors here)
+        pass
+    if os.environ.get("OMNI_RT_ALLOW_THINKER_DOWNLOAD", "1") == "0":
+        raise ThinkerError(f"--thinker {spec}: not in the Hugging Face cache, and downloads are off (HF_HUB_OFFLINE=1); "
+                           "download the .gguf elsewhere and pass its path")
+    saved, constants.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE, False
+    try:
+        name = wanted or _pick_gguf(spec, HfApi().list_repo_files(repo))
+        log.info("--thinker %s: downloading %s into the Hugging Face cache (once)", spec, name)
+        return Path(hf_hub_download(repo, name))
+    except ThinkerError:
+        raise
+    except Exception as exc:  # offline, DNS, 404, gated repo: one line, the class says which
+        raise ThinkerError(f"--thinker {spec}: cannot download it from the Hugging Face hub ({type(exc).__name__}); "
+                           "check the repo id and the network, or pass a local .gguf path") from None
+    finally:
+        constants.HF_HUB_OFFLINE = saved
 
 
 def apply_thinker(config: Any, spec: str, api_key: str | None = None) -> str:
@@ -58,9 +125,9 @@ def gguf_chat_template(path: Path) -> str | None:
     return None if field is None else str(field.contents())
 
 
-def _gguf(spec: str) -> dict[str, Any]:
+def _gguf(spec: str, shown: str | None = None) -> dict[str, Any]:
     path = Path(spec).expanduser()
-    where = f"--thinker {spec}"
+    where = f"--thinker {shown or spec}"
     if not path.exists():
         hint = "" if spec.endswith(".gguf") else " (a .gguf file, or an http(s)://HOST:PORT/v1 URL)"
         raise ThinkerError(f"{where}: no such file{hint}")
