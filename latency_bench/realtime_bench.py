@@ -637,7 +637,8 @@ def variant_preset(base: str, variant: str, tmp: Path) -> str:
 
 # ============================================================================================ metrics scrape
 def scrape(http_url: str) -> dict[str, list[tuple[float, float]]]:
-    """{series: cumulative buckets} for the TTFA and per-stage latency histograms of /metrics."""
+    """{series: cumulative buckets} for the TTFA, per-stage latency and per-stage queue/compute histograms of
+    /metrics (the last as ``stage_time:<stage>:<queue|compute>``)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -647,12 +648,15 @@ def scrape(http_url: str) -> dict[str, list[tuple[float, float]]]:
         return {}
     out: dict[str, list[tuple[float, float]]] = {}
     for fam in text_string_to_metric_families(text):
-        if fam.name not in ("omni_rt_ttfa_seconds", "omni_rt_stage_latency_seconds"):
+        if fam.name not in ("omni_rt_ttfa_seconds", "omni_rt_stage_latency_seconds", "omni_rt_stage_time_seconds"):
             continue
         for s in fam.samples:
             if not s.name.endswith("_bucket"):
                 continue
-            key = "ttfa" if fam.name == "omni_rt_ttfa_seconds" else s.labels.get("stage", "?")
+            if fam.name == "omni_rt_stage_time_seconds":
+                key = f"stage_time:{s.labels.get('stage', '?')}:{s.labels.get('kind', '?')}"
+            else:
+                key = "ttfa" if fam.name == "omni_rt_ttfa_seconds" else s.labels.get("stage", "?")
             out.setdefault(key, []).append((float(s.labels["le"]), float(s.value)))
     return out
 
@@ -728,7 +732,18 @@ def level_result(records: list[dict[str, Any]], info: dict[str, Any], hist: dict
     summary = report.summarize_turns(ok)
     summary.update(report.summarize_turns(barge, report.BARGE_METRICS))
     return {"turns_ok": len(ok), "turns_failed": sum(1 for r in records if not r["ok"]), "summary": summary,
-            "server_histograms": hist or {}, "client": info, "turns": records}
+            "server_histograms": hist or {}, "stage_times": stage_times(hist or {}), "client": info, "turns": records}
+
+
+def stage_times(hist: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{stage: {queue|compute: {count, p50_ms, p95_ms}}} out of a level's histogram deltas (server-side, per
+    answered turn: each stage's first output after the last word; quantiles interpolated in the buckets)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, v in hist.items():
+        if key.startswith("stage_time:"):
+            _, stage, kind = key.split(":", 2)
+            out.setdefault(stage, {})[kind] = v
+    return out
 
 
 async def warmup(url: str, corpus: dict[str, Utterance], plan: Plan) -> None:

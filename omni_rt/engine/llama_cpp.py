@@ -487,6 +487,9 @@ def _make_scheduler_class():
             path, body = self._request(req)
             if self.logit_bias:
                 body["logit_bias"] = self.logit_bias
+            # its prefill/decode times on every chunk (~150 bytes each): the first token's split of
+            # waiting vs computing (async_stream.first_token_timing) is read from the first one
+            body["timings_per_token"] = True
             return path, body
 
         def _request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:

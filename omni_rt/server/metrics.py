@@ -5,6 +5,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
+# queue waits are often a few ms: finer at the bottom, so p50s there are not all "somewhere under 50 ms"
+STAGE_TIME_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75,
+                      1.0, 1.5, 2.0, 3.0, 5.0)
+STAGE_TIME_KINDS = ("queue", "compute")
 
 
 class Metrics:
@@ -15,6 +19,11 @@ class Metrics:
                               buckets=LATENCY_BUCKETS, registry=self.registry)
         self.stage_latency = Histogram("omni_rt_stage_latency_seconds", "Per-stage latency", ["stage"],
                                        buckets=LATENCY_BUCKETS, registry=self.registry)
+        # per answered turn, each stage on the path after the last word: its first output's wait vs compute
+        # (asr_final and smart_turn from the session's events; thinker/talker/vocoder from ResultItem.timings)
+        self.stage_time = Histogram("omni_rt_stage_time_seconds", "Per answered turn, where each stage's first "
+                                    "output waited (kind=queue) and was computed (kind=compute)", ["stage", "kind"],
+                                    buckets=STAGE_TIME_BUCKETS, registry=self.registry)
         self.errors = Counter("omni_rt_errors_total", "Error events sent, by code", ["code"], registry=self.registry)
         self.connections = Counter("omni_rt_connections_total", "WebSocket connections, by outcome", ["surface", "outcome"],
                                    registry=self.registry)

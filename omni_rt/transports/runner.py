@@ -122,8 +122,19 @@ class SessionRunner:
                 m.ttfa.observe(value)
             elif name.startswith("speculative_"):
                 m.speculative.labels(outcome=name.removeprefix("speculative_")).inc()
+            elif name.startswith("stage:"):  # stage:<stage>:<queue|compute>
+                _, stage, kind = name.split(":", 2)
+                m.stage_time.labels(stage=stage, kind=kind).observe(value)
             else:
                 m.stage_latency.labels(stage=name).observe(value)
+
+    def _observe_timings(self, result: ResultItem) -> None:
+        """An answer finished: where each stage's first output waited and computed (aborted or discarded
+        answers never get here, so only answered turns count)."""
+        hist = self.runtime.metrics.stage_time
+        for stage, t in result.timings.items():
+            hist.labels(stage=stage, kind="queue").observe(t.queue_s)
+            hist.labels(stage=stage, kind="compute").observe(t.compute_s)
 
     async def _run(self, response_id: str, payload: dict[str, Any]) -> None:
         coord = self.runtime.coordinator
@@ -135,6 +146,7 @@ class SessionRunner:
                         if role is not None:
                             self.session.receive_output(response_id, role, out.data)
                     elif isinstance(out, ResultItem):
+                        self._observe_timings(out)
                         self.session.receive_result(response_id, out.data)
                     self._pump()
         except PipelineError as exc:
