@@ -174,7 +174,8 @@ STAGE_ORDER = ("asr_final", "smart_turn", "thinker", "talker", "vocoder")  # the
 
 def stage_time_table(result: dict[str, Any], markdown: bool = False) -> str:
     """Per stage on the path after the last word: queue and compute p50 / p95 (ms) at each concurrency level,
-    from the server's ``omni_rt_stage_time_seconds`` histograms ('' when the server reports none)."""
+    from the server's exact samples (``/debug/stage_times``; ``~`` marks values interpolated in the
+    ``omni_rt_stage_time_seconds`` histograms instead); '' when the server reports none."""
     levels = result.get("sweep", {})
     keys = [k for k in levels if levels[k].get("stage_times")]
     if not keys:
@@ -190,7 +191,8 @@ def stage_time_table(result: dict[str, Any], markdown: bool = False) -> str:
         for k in keys:
             for kind in ("queue", "compute"):
                 v = levels[k]["stage_times"].get(st, {}).get(kind)
-                row.append(f"{_fmt(v.get('p50_ms'))} / {_fmt(v.get('p95_ms'))} (n={v.get('count', 0)})" if v else "-")
+                mark = "" if not v or v.get("exact", True) else "~"  # ~: interpolated in histogram buckets
+                row.append(f"{mark}{_fmt(v.get('p50_ms'))} / {mark}{_fmt(v.get('p95_ms'))} (n={v.get('count', 0)})" if v else "-")
         rows.append(row)
     return _table(header, rows, markdown)
 

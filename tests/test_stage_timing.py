@@ -15,7 +15,7 @@ from rt_helpers import pcm_chunks_b64, speech_with_silence
 from test_server_protocol import connect
 
 from latency_bench import report
-from latency_bench.realtime_bench import histogram_delta, scrape, stage_times
+from latency_bench.realtime_bench import histogram_delta, scrape, stage_samples, stage_times
 
 PATH_STAGES = ("asr_final", "thinker", "talker", "vocoder")  # server_vad: no Smart Turn
 
@@ -41,6 +41,7 @@ async def test_one_turn_reports_queue_and_compute_per_stage(live_server, speech_
     get = lambda: httpx.get(f"{live_server.http_url}/metrics", timeout=10).text  # noqa: E731
     before_text = await asyncio.to_thread(get)
     before = await asyncio.to_thread(scrape, live_server.http_url)
+    mark = await asyncio.to_thread(stage_samples, live_server.http_url)
     async with asyncio.timeout(180), connect(live_server) as rt:
         await rt.update({"max_output_tokens": 24, "audio": {"input": {
             "turn_detection": {"type": "server_vad", "silence_duration_ms": 500, "create_response": True}}}})
@@ -52,6 +53,7 @@ async def test_one_turn_reports_queue_and_compute_per_stage(live_server, speech_
     assert live_server.wait_idle()["total"] == 0
     after_text = await asyncio.to_thread(get)
     after = await asyncio.to_thread(scrape, live_server.http_url)
+    got = await asyncio.to_thread(stage_samples, live_server.http_url, mark["last"])
 
     t0, t1 = stage_time_totals(before_text), stage_time_totals(after_text)
     for stage in PATH_STAGES:
@@ -64,13 +66,24 @@ async def test_one_turn_reports_queue_and_compute_per_stage(live_server, speech_
     for stage in ("thinker", "talker"):
         assert t1[(stage, "compute")][1] > t0.get((stage, "compute"), (0.0, 0.0))[1], stage
 
-    # the bench's view of the same run: one row per stage, both kinds, in the text report
-    times = stage_times(histogram_delta(before, after))
-    assert set(PATH_STAGES) <= set(times), times
+    # /debug/stage_times: the same observations, exact (what the bench's table is computed from)
+    rows = got["samples"]
+    assert got["last"] == mark["last"] + len(rows) and all(r["ms"] >= 0 for r in rows), got
     for stage in PATH_STAGES:
         for kind in ("queue", "compute"):
-            v = times[stage][kind]
-            assert v["count"] == 1 and v["p50_ms"] is not None and v["p50_ms"] >= 0 and v["p95_ms"] >= 0, (stage, kind, v)
+            mine = [r["ms"] for r in rows if (r["stage"], r["kind"]) == (stage, kind)]
+            assert len(mine) == 1, (stage, kind, rows)
+            hist_ms = (t1[(stage, kind)][1] - t0.get((stage, kind), (0.0, 0.0))[1]) * 1000
+            assert abs(mine[0] - hist_ms) < 0.1, (stage, kind, mine, hist_ms)
+
+    # the bench's view of the same run: one row per stage, both kinds, in the text report
+    for times in (stage_times({}, rows), stage_times(histogram_delta(before, after))):
+        assert set(PATH_STAGES) <= set(times), times
+        for stage in PATH_STAGES:
+            for kind in ("queue", "compute"):
+                v = times[stage][kind]
+                assert v["count"] == 1 and v["p50_ms"] is not None and v["p50_ms"] >= 0 and v["p95_ms"] >= 0, (stage, kind, v)
+    times = stage_times({}, rows)
     table = report.stage_time_table({"sweep": {"1": {"stage_times": times}}})
     print("\n" + table)
     lines = table.splitlines()

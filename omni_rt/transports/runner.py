@@ -124,17 +124,17 @@ class SessionRunner:
                 m.speculative.labels(outcome=name.removeprefix("speculative_")).inc()
             elif name.startswith("stage:"):  # stage:<stage>:<queue|compute>
                 _, stage, kind = name.split(":", 2)
-                m.stage_time.labels(stage=stage, kind=kind).observe(value)
+                m.observe_stage(stage, kind, value)
             else:
                 m.stage_latency.labels(stage=name).observe(value)
 
     def _observe_timings(self, result: ResultItem) -> None:
         """An answer finished: where each stage's first output waited and computed (aborted or discarded
         answers never get here, so only answered turns count)."""
-        hist = self.runtime.metrics.stage_time
+        m = self.runtime.metrics
         for stage, t in result.timings.items():
-            hist.labels(stage=stage, kind="queue").observe(t.queue_s)
-            hist.labels(stage=stage, kind="compute").observe(t.compute_s)
+            m.observe_stage(stage, "queue", t.queue_s)
+            m.observe_stage(stage, "compute", t.compute_s)
 
     async def _run(self, response_id: str, payload: dict[str, Any]) -> None:
         coord = self.runtime.coordinator
