@@ -188,7 +188,7 @@ class Stage:
             self.dropped_outputs += 1
             return
         r = self.routing
-        timing = out.metadata.get("timing")
+        timing = out.metadata.pop("timing", None)  # for the coordinator only, not in what the client sees
         if timing is not None:
             coord.on_timing(self.name, rid, timing)
         if out.type == "stream":
