@@ -184,7 +184,7 @@ def stage_time_table(result: dict[str, Any], markdown: bool = False) -> str:
     stages = [st for st in STAGE_ORDER if st in found] + sorted(found - set(STAGE_ORDER))
     header = ["stage (ms) — p50 / p95"]
     for k in keys:
-        header += [f"{k}s queue", f"{k}s compute"]
+        header += [f"{k} sess. queue", f"{k} sess. compute"]
     rows = []
     for st in stages:
         row = [st]

@@ -87,7 +87,7 @@ async def test_one_turn_reports_queue_and_compute_per_stage(live_server, speech_
     table = report.stage_time_table({"sweep": {"1": {"stage_times": times}}})
     print("\n" + table)
     lines = table.splitlines()
-    assert "1s queue" in lines[0] and "1s compute" in lines[0], table
+    assert "1 sess. queue" in lines[0] and "1 sess. compute" in lines[0], table
     assert [ln.split()[0] for ln in lines[2:]] == list(PATH_STAGES), table
 
 
