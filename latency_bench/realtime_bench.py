@@ -656,7 +656,8 @@ def variant_preset(base: str, variant: str, tmp: Path) -> str:
 
 # ============================================================================================ metrics scrape
 def scrape(http_url: str) -> dict[str, list[tuple[float, float]]]:
-    """{series: cumulative buckets} for the TTFA and per-stage latency histograms of /metrics."""
+    """{series: cumulative buckets} for the TTFA, per-stage latency and per-stage queue/compute histograms of
+    /metrics (the last as ``stage_time:<stage>:<queue|compute>``)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -666,14 +667,29 @@ def scrape(http_url: str) -> dict[str, list[tuple[float, float]]]:
         return {}
     out: dict[str, list[tuple[float, float]]] = {}
     for fam in text_string_to_metric_families(text):
-        if fam.name not in ("omni_rt_ttfa_seconds", "omni_rt_stage_latency_seconds"):
+        if fam.name not in ("omni_rt_ttfa_seconds", "omni_rt_stage_latency_seconds", "omni_rt_stage_time_seconds"):
             continue
         for s in fam.samples:
             if not s.name.endswith("_bucket"):
                 continue
-            key = "ttfa" if fam.name == "omni_rt_ttfa_seconds" else s.labels.get("stage", "?")
+            if fam.name == "omni_rt_stage_time_seconds":
+                key = f"stage_time:{s.labels.get('stage', '?')}:{s.labels.get('kind', '?')}"
+            else:
+                key = "ttfa" if fam.name == "omni_rt_ttfa_seconds" else s.labels.get("stage", "?")
             out.setdefault(key, []).append((float(s.labels["le"]), float(s.value)))
     return out
+
+
+def stage_samples(http_url: str, after: int = 0) -> dict[str, Any] | None:
+    """The server's exact per-turn stage times numbered above ``after`` (``/debug/stage_times``); None when
+    the server has no such endpoint (then the table falls back to the histograms)."""
+    import httpx
+
+    try:
+        r = httpx.get(f"{http_url}/debug/stage_times", params={"after": after}, timeout=10)
+    except httpx.HTTPError:
+        return None
+    return r.json() if r.status_code == 200 else None
 
 
 def histogram_delta(before: dict, after: dict) -> dict[str, dict[str, Any]]:
@@ -741,13 +757,35 @@ async def run_sessions(url: str, n: int, corpus: dict[str, Utterance], plan: Pla
     return await _run_scripts(sessions, script)
 
 
-def level_result(records: list[dict[str, Any]], info: dict[str, Any], hist: dict[str, Any] | None = None) -> dict[str, Any]:
+def level_result(records: list[dict[str, Any]], info: dict[str, Any], hist: dict[str, Any] | None = None,
+                 samples: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     ok = [r for r in records if r["ok"] and r["kind"] != "barge_target"]
     barge = [r for r in records if r["kind"] == "barge_target" and r["ok"]]
     summary = report.summarize_turns(ok)
     summary.update(report.summarize_turns(barge, report.BARGE_METRICS))
     return {"turns_ok": len(ok), "turns_failed": sum(1 for r in records if not r["ok"]), "summary": summary,
-            "server_histograms": hist or {}, "client": info, "turns": records}
+            "server_histograms": hist or {}, "stage_times": stage_times(hist or {}, samples), "client": info, "turns": records}
+
+
+def stage_times(hist: dict[str, dict[str, Any]], samples: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """{stage: {queue|compute: {count, p50_ms, p95_ms, max_ms, exact}}} for one level (server-side, per answered
+    turn: each stage's first output after the last word). From the exact ``samples`` of /debug/stage_times when
+    given, else out of the histogram deltas (quantiles interpolated inside buckets)."""
+    out: dict[str, dict[str, Any]] = {}
+    if samples is not None:
+        values: dict[tuple[str, str], list[float]] = {}
+        for row in samples:
+            values.setdefault((row["stage"], row["kind"]), []).append(float(row["ms"]))
+        for (stage, kind), v in values.items():
+            out.setdefault(stage, {})[kind] = {"count": len(v), "p50_ms": round(report.percentile(v, 50), 1),
+                                               "p95_ms": round(report.percentile(v, 95), 1), "max_ms": round(max(v), 1),
+                                               "exact": True}
+        return out
+    for key, v in hist.items():
+        if key.startswith("stage_time:"):
+            _, stage, kind = key.split(":", 2)
+            out.setdefault(stage, {})[kind] = {**v, "exact": False}
+    return out
 
 
 async def warmup(url: str, corpus: dict[str, Utterance], plan: Plan) -> None:
@@ -766,10 +804,12 @@ async def run_sweep(url: str, http_url: str, corpus: dict[str, Utterance], plan:
         barge = set(range(n)) if plan.barge == "all" else ({0} if plan.barge == "first" else set())
         _log(f"sweep: {n} session(s) x {plan.turns} turn(s){' + barge-in' if barge else ''}")
         before = scrape(http_url) if http_url else {}
+        mark = stage_samples(http_url) if http_url else None
         t0 = time.perf_counter()
         records, info = await run_sessions(url, n, corpus, plan, plan.turns, barge, offset=li)
         hist = histogram_delta(before, scrape(http_url)) if http_url else {}
-        res = level_result(records, info, hist)
+        got = stage_samples(http_url, mark["last"]) if mark is not None else None
+        res = level_result(records, info, hist, got["samples"] if got is not None else None)
         res["wall_s"] = round(time.perf_counter() - t0, 1)
         s = res["summary"]["ttfa_ms"]
         _log(f"  {n} session(s): {res['turns_ok']} ok, {res['turns_failed']} failed; TTFA p50 {s['p50']} p95 {s['p95']} ms")

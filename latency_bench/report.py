@@ -169,6 +169,34 @@ def sweep_table(result: dict[str, Any], markdown: bool = False) -> str:
     return _table(header, rows, markdown)
 
 
+STAGE_ORDER = ("asr_final", "smart_turn", "thinker", "talker", "vocoder")  # the path after the last word, in order
+
+
+def stage_time_table(result: dict[str, Any], markdown: bool = False) -> str:
+    """Per stage on the path after the last word: queue and compute p50 / p95 (ms) at each concurrency level,
+    from the server's exact samples (``/debug/stage_times``; ``~`` marks values interpolated in the
+    ``omni_rt_stage_time_seconds`` histograms instead); '' when the server reports none."""
+    levels = result.get("sweep", {})
+    keys = [k for k in levels if levels[k].get("stage_times")]
+    if not keys:
+        return ""
+    found = {st for k in keys for st in levels[k]["stage_times"]}
+    stages = [st for st in STAGE_ORDER if st in found] + sorted(found - set(STAGE_ORDER))
+    header = ["stage (ms) — p50 / p95"]
+    for k in keys:
+        header += [f"{k} sess. queue", f"{k} sess. compute"]
+    rows = []
+    for st in stages:
+        row = [st]
+        for k in keys:
+            for kind in ("queue", "compute"):
+                v = levels[k]["stage_times"].get(st, {}).get(kind)
+                mark = "" if not v or v.get("exact", True) else "~"  # ~: interpolated in histogram buckets
+                row.append(f"{mark}{_fmt(v.get('p50_ms'))} / {mark}{_fmt(v.get('p95_ms'))} (n={v.get('count', 0)})" if v else "-")
+        rows.append(row)
+    return _table(header, rows, markdown)
+
+
 def ablation_table(result: dict[str, Any], markdown: bool = False) -> str:
     ab = result.get("ablation", {})
     if not ab:
@@ -226,6 +254,9 @@ def text_report(result: dict[str, Any]) -> str:
            f"thinker: {thinker_of(result)}", f"machine: {machine_line(m)}", ""]
     if result.get("sweep"):
         out += ["Concurrency sweep (client-side timings; server TTFA from response.done metadata):", sweep_table(result), ""]
+        if st := stage_time_table(result):
+            out += ["Where the time goes (server-side, per answered turn: each stage's first output after the last word, "
+                    "waiting vs computing):", st, ""]
     if result.get("ablation"):
         out += ["Ablations (one server per variant, 1 session, same questions; streaming rerun right after each variant):",
                 ablation_table(result), ""]
@@ -254,6 +285,9 @@ def markdown_report(result: dict[str, Any], png_rel: str = "latency_bench/result
             out += [f"> **Note:** {n}", ""]
     if result.get("sweep"):
         out += [sweep_table(result, markdown=True), ""]
+        if st := stage_time_table(result, markdown=True):
+            out += ["Where the time goes (server-side `omni_rt_stage_time_seconds`, per answered turn: each stage's first "
+                    "output after the last word, waiting vs computing; see README 'Where the time goes'):", "", st, ""]
     if result.get("ablation"):
         out += [ablation_table(result, markdown=True), ""]
         out += [f"- {line}" for line in ratio_lines(result)] + [""]

@@ -72,6 +72,20 @@ async def test_talker_streams_to_vocoder_from_toml(tmp_path):
         assert await poll_until(lambda: coord.live_total() == 0)
 
 
+async def test_first_stream_output_reports_its_wait_and_compute():
+    """A streaming stage's first output of a request carries a StageTiming (inbox wait, then the time from taking
+    the message to the output) to the coordinator, which hands it over with the result; the client-visible
+    chunks keep their own metadata only."""
+    async with running(toy.stream_config(vocoder_args={"decode_delay": 0.03})) as coord:
+        chunks, result, _ = await asyncio.wait_for(_collect(coord, "r1", {"text": "x", "steps": 3, "step_delay": 0.01}), 10)
+        assert all("timing" not in c.metadata for c in chunks)
+        assert set(result.timings) == {"vocoder"}  # the toy talker is no streaming scheduler: it reports nothing
+        t = result.timings["vocoder"]
+        assert t.queue_s >= 0.0
+        assert t.compute_s >= 0.03  # it slept that long before emitting its first chunk
+        assert await poll_until(lambda: coord.live_total() == 0)
+
+
 async def test_two_concurrent_streams_do_not_mix():
     async with running(toy.stream_config()) as coord:
         (c1, r1, _), (c2, r2, _) = await asyncio.wait_for(

@@ -158,6 +158,8 @@ class TranscriptFinal(AsrEvent):
     after_end_ms: float  # what the end of turn actually waited for it
     audio_ms: int
     trigger: str = "vad"  # vad | commit | max_turn | timeout (an idle timeout's turn is answered even if silent)
+    queue_ms: float = 0.0  # of after_end_ms: waiting (decode queue, the stage's inbox) ...
+    compute_ms: float = 0.0  # ... and decoding after the end of turn
 
 
 @dataclass(slots=True)
@@ -171,6 +173,7 @@ class TurnScored(AsrEvent):
     score_ms: float
     words: str = "empty"  # the speculative transcript's cue (omni_rt.contracts.turn_detection.words_cue)
     end_silence_ms: int = 0
+    queue_ms: float = 0.0  # how long the Smart Turn score waited for its thread (score_ms: computing)
 
 
 @dataclass(slots=True)

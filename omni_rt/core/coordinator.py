@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from omni_rt.core.config import ConfigError, PipelineConfig, StageConfig, resolve_callable
+from omni_rt.core.messages import StageTiming
 from omni_rt.core.stage import Routing, Stage
 
 log = logging.getLogger(__name__)
@@ -39,16 +40,21 @@ class StreamItem:
 
 @dataclass(slots=True)
 class ResultItem:
+    """The terminal stage's result. ``timings``: per stage, where the request's first output of that stage
+    waited vs computed (stages that report it: ``OutgoingMessage`` metadata ``timing``)."""
+
     stage: str
     data: Any
     metadata: dict[str, Any] = field(default_factory=dict)
     t: float = 0.0
+    timings: dict[str, StageTiming] = field(default_factory=dict)
 
 
 @dataclass
 class _Request:
     queue: asyncio.Queue
     submitted: float
+    timings: dict[str, StageTiming] = field(default_factory=dict)
 
 
 EventListener = Callable[[str, dict[str, Any]], None]
@@ -214,7 +220,15 @@ class Coordinator:
         if listener is not None and request_id not in self._requests:
             listener(stage, {"type": "session.result", "data": data})
             return
-        self._finish(request_id, ResultItem(stage, data, metadata, time.perf_counter()))
+        req = self._requests.get(request_id)
+        timings = dict(req.timings) if req is not None else {}
+        self._finish(request_id, ResultItem(stage, data, metadata, time.perf_counter(), timings))
+
+    def on_timing(self, stage: str, request_id: str, timing: StageTiming) -> None:
+        """A stage's first output of a request says where it waited and computed; the first report counts."""
+        req = self._requests.get(request_id)
+        if req is not None:
+            req.timings.setdefault(stage, timing)
 
     def on_error(self, stage: str, request_id: str, message: str, code: str) -> bool:
         """A stage failed ``request_id``. Returns True when that ends the request (False for session ops)."""

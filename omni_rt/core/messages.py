@@ -6,6 +6,7 @@ process behind a pickling queue without changing any scheduler.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,12 +19,14 @@ class IncomingMessage:
     """Shell -> scheduler. ``source`` names the upstream stage for stream chunks / stream_done.
 
     ``session_close`` (request_id = a session id) is sent only to schedulers that keep per-session state.
+    ``t``: ``perf_counter`` when the message entered the inbox, so a scheduler can tell how long it waited there.
     """
 
     request_id: str
     type: IncomingType
     data: Any = None
     source: str | None = None
+    t: float = field(default_factory=time.perf_counter)
 
 
 @dataclass(slots=True)
@@ -35,9 +38,28 @@ class OutgoingMessage:
     ``error``: the request failed in this stage; ``data`` is a human-readable message, ``code`` in metadata.
     ``event``: a session-level event (VAD speech started/stopped, partial/final transcript) for the
     coordinator's session listeners; ``request_id`` is the session id.
+
+    ``metadata["timing"]`` (``StageTiming``), on the message that carries a request's first output: how long
+    that output's input waited in this stage's inbox/queues and how long it was computed. The shell hands it to
+    the coordinator (first one per stage and request kept), which reports it with the request's result.
     """
 
     request_id: str
     type: OutgoingType
     data: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StageTiming:
+    """Where one request's first output of a stage spent its time: waiting (``queue_s``: the inbox, a worker
+    queue, an upstream engine's own queue) vs computing (``compute_s``). Seconds, both >= 0."""
+
+    queue_s: float
+    compute_s: float
+
+    @classmethod
+    def since(cls, arrived: float, started: float, done: float | None = None) -> "StageTiming":
+        """Input in the inbox at ``arrived``, taken at ``started``, output at ``done`` (default: now)."""
+        done = time.perf_counter() if done is None else done
+        return cls(max(0.0, started - arrived), max(0.0, done - started))

@@ -188,6 +188,9 @@ class Stage:
             self.dropped_outputs += 1
             return
         r = self.routing
+        timing = out.metadata.pop("timing", None)  # for the coordinator only, not in what the client sees
+        if timing is not None:
+            coord.on_timing(self.name, rid, timing)
         if out.type == "stream":
             for target in r.stream_to:
                 self.peers[target].deliver_stream(rid, out.data, self.name)

@@ -7,10 +7,11 @@ source has said done.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni_rt.core.messages import IncomingMessage
+from omni_rt.core.messages import IncomingMessage, StageTiming
 from omni_rt.core.scheduler import ThreadedScheduler
 
 
@@ -20,6 +21,7 @@ class StreamState:
     has_payload: bool = False
     done_sources: set[str] = field(default_factory=set)
     user: dict[str, Any] = field(default_factory=dict)  # subclass per-request state
+    timed: bool = False  # the first stream output has carried its StageTiming
 
     def inputs_complete(self, sources: set[str]) -> bool:
         """The payload arrived and every stream source said ``stream_done``."""
@@ -27,7 +29,11 @@ class StreamState:
 
 
 class StreamingSimpleScheduler(ThreadedScheduler):
-    """Override ``on_stream_chunk``, ``on_stream_done`` and ``on_complete``; emit with ``self.emit``."""
+    """Override ``on_stream_chunk``, ``on_stream_done`` and ``on_complete``; emit with ``self.emit``.
+
+    A request's first ``stream`` output emitted while a message is handled carries a ``StageTiming``: the
+    message's wait in the inbox, and the time from taking it to that output (what the first clause's
+    synthesis, the first audio chunk cost). Two clock reads per message; nothing per later output."""
 
     accepts_streams = True
 
@@ -36,6 +42,7 @@ class StreamingSimpleScheduler(ThreadedScheduler):
         self.name = name
         self.stream_sources: list[str] = []  # set by the pipeline builder from the compiled routing
         self.states: dict[str, StreamState] = {}
+        self._handling: tuple[str, StreamState, float, float] | None = None  # (request, state, arrived, taken)
 
     # ---- hooks -------------------------------------------------------------------------------------
     def on_payload(self, request_id: str, state: StreamState) -> None:
@@ -71,6 +78,15 @@ class StreamingSimpleScheduler(ThreadedScheduler):
             self._handle(msg)
         except Exception as exc:  # noqa: BLE001 - fail the request, keep the stage alive
             self._fail(msg.request_id, exc)
+        finally:
+            self._handling = None
+
+    def emit(self, request_id: str, type_: str, data=None, **metadata) -> None:
+        h = self._handling
+        if type_ == "stream" and h is not None and h[0] == request_id and not h[1].timed:
+            h[1].timed = True
+            metadata.setdefault("timing", StageTiming.since(h[2], h[3]))
+        super().emit(request_id, type_, data, **metadata)
 
     def _fail(self, request_id: str, exc: BaseException) -> None:
         """Drop a request's state (``on_abort``) and report the error downstream."""
@@ -94,6 +110,7 @@ class StreamingSimpleScheduler(ThreadedScheduler):
         state = self.states.get(rid)
         if state is None:
             state = self.states[rid] = StreamState()
+        self._handling = (rid, state, msg.t, time.perf_counter())
         if msg.type == "new_request":
             state.payload, state.has_payload = msg.data, True
             self.on_payload(rid, state)

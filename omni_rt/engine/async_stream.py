@@ -16,6 +16,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from omni_rt.core.messages import StageTiming
 from omni_rt.core.scheduler import ThreadedScheduler
 from omni_rt.engine.answer_policy import AnswerPolicy
 from omni_rt.engine.history import HistoryWindow, PromptTooLong
@@ -34,6 +35,19 @@ class Delta:
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
     tool_calls: list[dict] = field(default_factory=list)  # raw OpenAI ``delta.tool_calls`` entries
+    timings: dict[str, float] | None = None  # llama-server's own ``timings`` (prompt_ms, predicted_per_token_ms)
+
+
+def first_token_timing(arrived: float, first: float, timings: dict[str, float] | None) -> StageTiming:
+    """Inbox arrival -> first token, split by the upstream's own timings where it reports them (llama-server:
+    prefill ``prompt_ms`` + one token's ``predicted_per_token_ms`` computed; the rest waited, in our inbox, on
+    the wire, in its slot queue). Without them the whole time counts as compute (an upper bound)."""
+    total = max(0.0, first - arrived)
+    if not timings or timings.get("prompt_ms") is None:
+        return StageTiming(0.0, total)
+    compute = (float(timings.get("prompt_ms") or 0.0) + float(timings.get("predicted_per_token_ms") or 0.0)) / 1000.0
+    compute = min(max(0.0, compute), total)
+    return StageTiming(total - compute, compute)
 
 
 class UpstreamError(RuntimeError):
@@ -103,7 +117,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
                     if rid in self._tasks:
                         self.emit_error(rid, f"request id {rid!r} is already running", code="duplicate_request")
                         continue
-                    fut = asyncio.run_coroutine_threadsafe(self._serve(rid, msg.data), loop)
+                    fut = asyncio.run_coroutine_threadsafe(self._serve(rid, msg.data, msg.t), loop)
                     self._tasks[rid] = fut
                     fut.add_done_callback(
                         lambda f, rid=rid: self._tasks.pop(rid, None) if self._tasks.get(rid) is f else None
@@ -124,11 +138,13 @@ class AsyncStreamScheduler(ThreadedScheduler):
             thread.join(timeout=5)
             loop.close()
 
-    async def _serve(self, rid: str, data: Any) -> None:
+    async def _serve(self, rid: str, data: Any, arrived: float | None = None) -> None:
         t0 = time.perf_counter()
+        arrived = t0 if arrived is None else arrived
         text: list[str] = []
         ids: list[int] = []
         first: float | None = None
+        upstream_timings: dict[str, float] | None = None  # the first the upstream reported (at the first token)
         finish, usage, chunks = None, None, 0
         try:
             req = parse_request(data, self.default_max_tokens, self.sampling_defaults, self.default_policy)
@@ -167,6 +183,8 @@ class AsyncStreamScheduler(ThreadedScheduler):
             # aclosing: leaving the loop early (the policy stopped) closes the upstream stream at once
             async with aclosing(self.generate(rid, req)) as stream:
                 async for d in stream:
+                    if d.timings and upstream_timings is None:
+                        upstream_timings = d.timings
                     if d.text or d.token_ids or d.tool_calls:
                         first = first or time.perf_counter()
                         chunks += 1
@@ -203,6 +221,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
                 self.emit(rid, "stream", TextDelta(tail, []))
         usage = usage or {}
         prompt_tokens = usage.get("prompt_tokens") or self._count_prompt(req)
+        timing = first_token_timing(arrived, first, upstream_timings) if first is not None else None
         self.emit(
             rid,
             "result",
@@ -216,6 +235,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
                 ttft_ms=round(((first or time.perf_counter()) - t0) * 1000.0, 3),
                 tool_calls=calls.result_calls() + (texts.result_calls() if texts is not None else []),
             ),
+            **({"timing": timing} if timing is not None else {}),
         )
 
     def _fit_history(self, rid: str, req: GenRequest, data: Any) -> None:

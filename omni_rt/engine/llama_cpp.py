@@ -532,6 +532,9 @@ def _make_scheduler_class():
                 body["logit_bias"] = self.logit_bias
             if request_id in self._slot_of:
                 body["id_slot"] = self._slot_of[request_id][0]
+            # its prefill/decode times on every chunk (~150 bytes each): the first token's split of
+            # waiting vs computing (async_stream.first_token_timing) is read from the first one
+            body["timings_per_token"] = True
             return path, body
 
         def _take_slot(self, request_id: str, req: GenRequest) -> None:

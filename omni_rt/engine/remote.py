@@ -125,7 +125,8 @@ def parse_sse_chunk(obj: dict) -> Delta:
         err = obj["error"]
         raise UpstreamError(f"upstream error: {err.get('message', err) if isinstance(err, dict) else err}",
                             code=error_code(json.dumps(err), "upstream_error"))
-    d = Delta(usage=_usage(obj.get("usage")))
+    timings = obj.get("timings")  # llama-server's, with timings_per_token on every chunk
+    d = Delta(usage=_usage(obj.get("usage")), timings=timings if isinstance(timings, dict) else None)
     for ch in obj.get("choices") or []:
         delta = ch.get("delta") or {}
         d.text += delta.get("content") or ch.get("text") or ""

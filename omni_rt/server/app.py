@@ -1,5 +1,5 @@
 """The FastAPI app: routes (/v1/realtime, /v1/telephony/twilio, the demo page, /healthz, /metrics,
-/debug/state), admission (auth, origin, capacity) and shutdown. Sessions live in ``omni_rt.session``; the
+/debug/state, /debug/stage_times), admission (auth, origin, capacity) and shutdown. Sessions live in ``omni_rt.session``; the
 socket handling in ``omni_rt.transports``."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
     app.state.runtime = runtime
 
     def guarded(request: Request) -> JSONResponse | None:
-        """/metrics and /debug/state need the API key when one is set."""
+        """/metrics and /debug/* need the API key when one is set."""
         if key_ok(settings, presented_key(request.headers, request.query_params)):
             return None
         return JSONResponse({"error": "missing or invalid API key"}, status_code=401)
@@ -111,6 +111,14 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
                  if (state := st.scheduler.cache_state())}  # e.g. the thinker's prefix/KV accounting
         return JSONResponse({"live": runtime.live_state(), "total": runtime.coordinator.live_total(),
                              "sessions": len(runtime.sessions), "cache": cache})
+
+    @app.get("/debug/stage_times")
+    async def debug_stage_times(request: Request, after: int = 0) -> JSONResponse:
+        """Exact per-turn stage waits and computes (``omni_rt_stage_time_seconds``' observations) numbered above
+        ``after``: latency_bench reads ``last`` before a run and the samples after it."""
+        if (refused := guarded(request)) is not None:
+            return refused
+        return JSONResponse(runtime.metrics.stage_samples(after))
 
     @app.get("/")
     async def index() -> FileResponse:

@@ -44,6 +44,8 @@ class TurnTaking:
             self._on_speculative(ev)
         elif isinstance(ev, c.TranscriptFinal):
             self._on_final(ev)
+        elif isinstance(ev, c.TurnScored) and ev.complete:  # the verdict that ends the turn waited for this score
+            self._observations += [("stage:smart_turn:queue", ev.queue_ms / 1000), ("stage:smart_turn:compute", ev.score_ms / 1000)]
         elif isinstance(ev, c.TimeoutTriggered):
             turn = self.turns.get(ev.turn)
             self.send({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": ev.audio_start_ms,
@@ -104,7 +106,8 @@ class TurnTaking:
             self._discard(held)
             return  # the client deleted the item before it was transcribed
         item.content = [{"type": "input_audio", "transcript": text}]
-        self._observations.append(("asr_final", ev.after_end_ms / 1000))
+        self._observations += [("asr_final", ev.after_end_ms / 1000), ("stage:asr_final:queue", ev.queue_ms / 1000),
+                               ("stage:asr_final:compute", ev.compute_ms / 1000)]
         if self.config.transcription is not None or self.config.session_type == "transcription":
             self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id, "content_index": 0,
                        "transcript": text, "usage": {"type": "duration", "seconds": round(ev.audio_ms / 1000, 3)}})

@@ -360,6 +360,7 @@ class AsrSessionScheduler(SessionScheduler):
         if data["pause"] != v.pause or data["prob"] is None or not st.seg.vad.in_speech:
             return  # a pause that speech (or the turn's end) has already closed
         v.pending, v.prob, v.score_ms = False, float(data["prob"]), data["score_ms"]
+        v.queue_ms = data.get("queue_ms", 0.0)
         self._verdict_in(session, st)
 
     def _verdict_in(self, session: Session, st: AsrState) -> None:
@@ -370,7 +371,8 @@ class AsrSessionScheduler(SessionScheduler):
             return
         end_ms = v.end_silence_ms(sem)
         self.emit(session.session_id, "event", TurnScored(st.turn + 1, round(v.prob, 4), end_ms < sem.max_silence_ms,
-                                                          round(st.seg.vad.silence_ms), v.score_ms, v.words, end_ms))
+                                                          round(st.seg.vad.silence_ms), v.score_ms, v.words, end_ms,
+                                                          queue_ms=v.queue_ms))
         if st.speculative is not None and not st.spec_announced and self._likely_end(st):
             self._announce(session.session_id, st, st.speculative, asr_ms=0.0)
         if v.decided(sem) and st.seg.vad.silence_ms >= end_ms:
@@ -416,15 +418,16 @@ class AsrSessionScheduler(SessionScheduler):
         sid, kind, text = session.session_id, data["kind"], data["text"]
         if data.get("error"):
             raise RuntimeError(f"transcription failed: {data['error']}")
+        ran = (data["t_start"], data["t_done"])
         if kind == "final":
             self._emit_final(sid, text, speculative=False, asr_ms=data["asr_ms"], turn=data["turn"],
-                             audio_ms=data["audio_ms"], t_end=data["t_end"], trigger=data["trigger"])
+                             audio_ms=data["audio_ms"], t_end=data["t_end"], trigger=data["trigger"], ran=ran)
         elif kind == "speculative":
             waiting = st.awaiting_final
             if waiting is not None and waiting["epoch"] == data["epoch"]:
                 st.awaiting_final = None
                 self._emit_final(sid, text, speculative=True, asr_ms=data["asr_ms"], turn=waiting["turn"],
-                                 audio_ms=waiting["audio_ms"], t_end=waiting["t_end"], trigger=waiting["trigger"])
+                                 audio_ms=waiting["audio_ms"], t_end=waiting["t_end"], trigger=waiting["trigger"], ran=ran)
             elif data["epoch"] == st.epoch and not data.get("stale"):
                 st.speculative, st.spec_pending = text, False
                 if st.td.semantic is not None and st.seg.vad.in_speech:
@@ -438,10 +441,17 @@ class AsrSessionScheduler(SessionScheduler):
             self.emit(sid, "event", TranscriptPartial(data["turn"], text))
 
     def _emit_final(self, sid: str, text: str, speculative: bool, asr_ms: float, turn: int, audio_ms: int, t_end: float,
-                    trigger: str = "vad") -> None:
+                    trigger: str = "vad", ran: tuple[float, float] | None = None) -> None:
+        """``ran``: when the decode worker ran this transcript's decode. What the end of turn waited for it is
+        split into decoding after the end (compute) and everything else (queue: the decode queue, this
+        stage's inbox); a transcript ready before the end waited for nothing."""
+        after_end = max(0.0, time.perf_counter() - t_end)
+        compute = max(0.0, ran[1] - max(ran[0], t_end)) if ran is not None else 0.0
+        compute = min(compute, after_end)
         self.emit(sid, "event", TranscriptFinal(turn, text.strip(), speculative, asr_ms,
-                                                after_end_ms=round((time.perf_counter() - t_end) * 1000, 1), audio_ms=audio_ms,
-                                                trigger=trigger))
+                                                after_end_ms=round(after_end * 1000, 1), audio_ms=audio_ms, trigger=trigger,
+                                                queue_ms=round((after_end - compute) * 1000, 1),
+                                                compute_ms=round(compute * 1000, 1)))
 
 
 def create_asr_stage(

@@ -146,9 +146,11 @@ class DecodeQueue:
         except Exception as exc:  # noqa: BLE001 - reported to each session of the batch as an error event
             error = f"{type(exc).__name__}: {exc}"
         by_job = {id(j): t for j, t in zip(live, texts)} if error is None else {}
-        asr_ms = round((time.perf_counter() - t0) * 1000, 1)
+        t1 = time.perf_counter()
+        asr_ms = round((t1 - t0) * 1000, 1)
         for job in batch:
             text = by_job.get(id(job), "").strip()
             err = error if error is not None and not job.meta.get("stale") else None
+            # t_start/t_done: when the worker ran it, so the stage can split a turn's wait into queue vs compute
             self._post(job.session_id, {"op": "_decoded", "kind": job.kind, "text": text, "error": err, "asr_ms": asr_ms,
-                                        **job.meta})
+                                        "t_start": t0, "t_done": t1, **job.meta})

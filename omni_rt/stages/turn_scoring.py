@@ -33,6 +33,7 @@ class PauseVerdict:
     words: str | None = None
     pending: bool = False  # a Smart Turn score for this pause is in flight
     score_ms: float = 0.0
+    queue_ms: float = 0.0  # how long the score waited for the scorer thread
 
     def new_pause(self) -> None:
         self.pause += 1
@@ -88,6 +89,7 @@ class TurnScorer:
         assert self._pool is not None, "scorer not started"
         model, clip, pause = self.model(), audio[-WINDOW_S * sample_rate :].copy(), verdict.pause
         verdict.pending = True
+        submitted = time.perf_counter()
 
         def job() -> None:
             t0 = time.perf_counter()
@@ -98,6 +100,7 @@ class TurnScorer:
                 except Exception as exc:  # noqa: BLE001 - reported to the session as an error event
                     error = f"{type(exc).__name__}: {exc}"
             self._post(session_id, {"op": "_scored", "pause": pause, "prob": prob, "error": error,
-                                    "score_ms": round((time.perf_counter() - t0) * 1000, 1)})
+                                    "score_ms": round((time.perf_counter() - t0) * 1000, 1),
+                                    "queue_ms": round((t0 - submitted) * 1000, 1)})
 
         self._pool.submit(job)

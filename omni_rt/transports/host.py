@@ -23,7 +23,8 @@ class TransportHost(Protocol):
     coordinator: Coordinator
     config: PipelineConfig
     settings: TransportSettings
-    metrics: Any  # the server's Prometheus metrics (sessions, errors, ttfa, speculative, stage_latency)
+    metrics: Any  # the server's Prometheus metrics (sessions, errors, ttfa, speculative, stage_latency,
+    # observe_stage: per-stage queue/compute)
     sessions: set[Any]  # live session runners, for draining at shutdown
 
     def session_limits(self) -> SessionLimits: ...

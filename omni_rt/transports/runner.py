@@ -132,8 +132,19 @@ class SessionRunner:
                 m.ttfa.observe(value)
             elif name.startswith("speculative_"):
                 m.speculative.labels(outcome=name.removeprefix("speculative_")).inc()
+            elif name.startswith("stage:"):  # stage:<stage>:<queue|compute>
+                _, stage, kind = name.split(":", 2)
+                m.observe_stage(stage, kind, value)
             else:
                 m.stage_latency.labels(stage=name).observe(value)
+
+    def _observe_timings(self, result: ResultItem) -> None:
+        """An answer finished: where each stage's first output waited and computed (aborted or discarded
+        answers never get here, so only answered turns count)."""
+        m = self.runtime.metrics
+        for stage, t in result.timings.items():
+            m.observe_stage(stage, "queue", t.queue_s)
+            m.observe_stage(stage, "compute", t.compute_s)
 
     async def _run(self, response_id: str, payload: dict[str, Any]) -> None:
         coord = self.runtime.coordinator
@@ -145,6 +156,7 @@ class SessionRunner:
                         if role is not None:
                             self.session.receive_output(response_id, role, out.data)
                     elif isinstance(out, ResultItem):
+                        self._observe_timings(out)
                         self.session.receive_result(response_id, out.data)
                     self._pump()
         except PipelineError as exc:
