@@ -12,7 +12,6 @@ find the first sound of an answer.
 from __future__ import annotations
 
 import asyncio
-import fractions
 import json
 import time
 from typing import Any
@@ -21,9 +20,10 @@ import httpx
 import numpy as np
 
 from omni_rt.audio.pcm import float_to_int16, resample
+from omni_rt.transports.webrtc import FRAME_SAMPLES, WIRE_RATE, wire_frame
 
-RATE = 48000
-FRAME = 960  # 20 ms
+RATE = WIRE_RATE
+FRAME = FRAME_SAMPLES  # 20 ms
 SOUND_RMS = 0.01  # a received frame louder than this is sound (Opus codes silence as near-zero)
 
 
@@ -62,8 +62,6 @@ class MicTrack(_track_base()):  # type: ignore[misc]
         return len(self._pcm) / RATE
 
     async def recv(self):
-        from av import AudioFrame
-
         loop = asyncio.get_running_loop()
         if self._start is None:
             self._start = loop.time()
@@ -79,12 +77,7 @@ class MicTrack(_track_base()):  # type: ignore[misc]
         if self._mark is not None and self._sent >= self._mark:
             self._mark = None
             self.speech_end = time.perf_counter()
-        frame = AudioFrame(format="s16", layout="mono", samples=FRAME)
-        frame.planes[0].update(chunk.tobytes())
-        frame.sample_rate = RATE
-        frame.pts = self._pts
-        frame.time_base = fractions.Fraction(1, RATE)
-        return frame
+        return wire_frame(chunk, self._pts)
 
 
 class RealtimeCall:

@@ -378,20 +378,7 @@ class Session {
       this.send(SESSION_UPDATE);
       if (this.captureNode) this.onReady();
     };
-    ws.onmessage = (e) => {
-      let ev;
-      try {
-        ev = JSON.parse(e.data);
-      } catch (err) {
-        note(`Unreadable message from the server: ${String(e.data).slice(0, 120)}`, true);
-        return;
-      }
-      try {
-        this.onEvent(ev);
-      } catch (err) {
-        console.error('omni-rt: failed to handle', ev && ev.type, err);
-      }
-    };
+    ws.onmessage = (e) => this.receive(e.data);
     ws.onerror = () => {}; // details arrive with onclose
     ws.onclose = (e) => this.onClose(e);
   }
@@ -532,6 +519,22 @@ class Session {
   }
 
   // -------- server events
+  // one server event as text, from the WebSocket or the WebRTC data channel
+  receive(data) {
+    let ev;
+    try {
+      ev = JSON.parse(data);
+    } catch (err) {
+      note(`Unreadable message from the server: ${String(data).slice(0, 120)}`, true);
+      return;
+    }
+    try {
+      this.onEvent(ev);
+    } catch (err) {
+      console.error('omni-rt: failed to handle', ev && ev.type, err);
+    }
+  }
+
   onEvent(ev) {
     stats.received[ev.type] = (stats.received[ev.type] || 0) + 1;
     switch (ev.type) {
@@ -756,20 +759,7 @@ class RtcSession extends Session {
       setTimeout(() => reject(new TransportError(`WebRTC did not connect in ${RTC_CONNECT_TIMEOUT_MS / 1000} s`)), RTC_CONNECT_TIMEOUT_MS);
     });
     open.catch(() => {}); // awaited below; a rejection before that is not 'unhandled'
-    dc.onmessage = (e) => {
-      let ev;
-      try {
-        ev = JSON.parse(e.data);
-      } catch (err) {
-        note(`Unreadable message from the server: ${String(e.data).slice(0, 120)}`, true);
-        return;
-      }
-      try {
-        this.onEvent(ev);
-      } catch (err) {
-        console.error('omni-rt: failed to handle', ev && ev.type, err);
-      }
-    };
+    dc.onmessage = (e) => this.receive(e.data);
     dc.onclose = () => { if (this.opened) this.onLost('The call ended'); };
     pc.addTrack(this.stream.getAudioTracks()[0], this.stream);
     pc.ontrack = (e) => this.onRemoteTrack(e);

@@ -52,6 +52,19 @@ logging.getLogger("aioice").setLevel(logging.WARNING)  # one INFO line per candi
 WIRE_RATE = 48000  # Opus in WebRTC always runs at 48 kHz
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz: one Opus packet
 FRAME_S = FRAME_SAMPLES / WIRE_RATE
+
+
+def wire_frame(pcm: np.ndarray, pts: int) -> Any:
+    """One 20 ms ``av.AudioFrame`` of int16 mono at the wire rate, stamped ``pts`` (in samples): what a track
+    hands aiortc's Opus encoder (the client in latency_bench sends its microphone the same way)."""
+    from av import AudioFrame
+
+    frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+    frame.planes[0].update(pcm.tobytes())
+    frame.sample_rate = WIRE_RATE
+    frame.pts = pts
+    frame.time_base = fractions.Fraction(1, WIRE_RATE)
+    return frame
 DATA_CHANNEL = "oai-events"
 MAX_SDP_BYTES = 64 * 1024
 MAX_SESSION_BYTES = 256 * 1024
@@ -263,7 +276,6 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
 
     async def recv(self):
         from aiortc.mediastreams import MediaStreamError
-        from av import AudioFrame
 
         if self.readyState != "live":
             raise MediaStreamError
@@ -310,12 +322,7 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
             self._ending.discard(self._playing)
             self._on_stopped(self._playing)
             self._playing = None
-        frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-        frame.planes[0].update(pcm.tobytes())
-        frame.sample_rate = WIRE_RATE
-        frame.pts = self._pts
-        frame.time_base = fractions.Fraction(1, WIRE_RATE)
-        return frame
+        return wire_frame(pcm, self._pts)
 
 
 # ---- one call ----------------------------------------------------------------------------------------------
