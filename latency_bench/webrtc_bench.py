@@ -93,6 +93,9 @@ async def ws_level(url: str, n: int, corpus: dict[str, rb.Utterance], turns: int
     return out
 
 
+PLAYBACK_ENDS = ("output_audio_buffer.stopped", "output_audio_buffer.cleared")
+
+
 async def rtc_level(http_url: str, n: int, corpus: dict[str, rb.Utterance], turns: int, offset: int, timeout: float) -> list[dict[str, Any]]:
     from latency_bench.webrtc_client import RealtimeCall
 
@@ -113,7 +116,8 @@ async def rtc_level(http_url: str, n: int, corpus: dict[str, rb.Utterance], turn
             rec: dict[str, Any] = {"transport": "webrtc", "ok": False, "question": utt.text}
             try:
                 done = await c.next_event("response.done", timeout)
-                await c.next_event(("output_audio_buffer.stopped", "output_audio_buffer.cleared"), 30)
+                if not any(e["type"] in PLAYBACK_ENDS for e in c.events[mark:]):  # a short answer may end first
+                    await c.next_event(PLAYBACK_ENDS, 30)
             except TimeoutError:
                 records.append(rec)
                 continue

@@ -172,6 +172,18 @@ class RealtimeCall:
             if event["type"] in types:
                 return event
 
+    async def next_each(self, types: tuple[str, ...], timeout: float = 30.0) -> dict[str, dict[str, Any]]:
+        """The next event of each of these types, in whatever order they arrive: the data channel carries
+        ``response.done`` as soon as the answer is generated, and ``output_audio_buffer.started`` when the
+        track hands out its first frame, so a short answer on a busy server may finish before it starts playing."""
+        deadline = time.monotonic() + timeout
+        found: dict[str, dict[str, Any]] = {}
+        while len(found) < len(types):
+            event = await asyncio.wait_for(self._queue.get(), max(0.01, deadline - time.monotonic()))
+            if event["type"] in types:
+                found.setdefault(event["type"], event)
+        return found
+
     def first_sound_after(self, t0: float) -> float | None:
         """perf_counter of the first received frame with sound at or after ``t0``."""
         for t, rms in self.heard:

@@ -62,8 +62,8 @@ async def test_spoken_turn_over_webrtc(live_server, speech_samples):
         call.mic.say(*speech(speech_samples, "capital"))
         transcript = await call.next_event("conversation.item.input_audio_transcription.completed", 60)
         assert heard("france", transcript["transcript"]) or "capital" in transcript["transcript"].lower(), transcript
-        started = await call.next_event("output_audio_buffer.started", 60)
-        done = await call.next_event("response.done", 60)
+        got = await call.next_each(("output_audio_buffer.started", "response.done"), 60)
+        started, done = got["output_audio_buffer.started"], got["response.done"]
         assert done["response"]["status"] == "completed", done
         assert started["response_id"] == done["response"]["id"]
         stopped = await call.next_event("output_audio_buffer.stopped", 30)
@@ -153,9 +153,8 @@ async def test_tool_call_over_the_data_channel(live_server):
         call.send({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": fc[0]["call_id"],
                                                                 "output": json.dumps({"sky": "sunny", "celsius": 21})}})
         call.send({"type": "response.create", "response": {"tool_choice": "none"}})
-        done = await call.next_event("response.done", 90)
+        done = (await call.next_each(("response.done", "output_audio_buffer.stopped"), 90))["response.done"]
         assert done["response"]["status"] == "completed", done
-        await call.next_event("output_audio_buffer.stopped", 30)
         assert call.sound_seconds() > 0.3
         validate_all(call)
     finally:
