@@ -7,10 +7,11 @@ measured turn prefills only the new tokens.
 
     python -m latency_bench.engine                          # SmolLM2-135M (the CPU preset's thinker) on CPU
     python -m latency_bench.engine --shape qwen2.5-7b --device cuda --dtype bfloat16   # random-init shape, GPU
-    python -m latency_bench.engine --engine both            # + the llama.cpp thinker (Q4_1 GGUF), same requests
+    python -m latency_bench.engine --engine both            # + the llama.cpp thinker (F16 and Q4_1 GGUF), same requests
+    python -m latency_bench.engine --engine llama.cpp --llama-threads 1 --llama-repeats 2   # F16 vs Q4_1, alternating
 
-llama.cpp rows run the packaged Q4_1 GGUF on a managed ``llama-server`` (1 and 2 threads; prefix reuse off =
-``--no-cache-prompt``); there the decode ms/step is measured client-side as (time to last token - TTFT) /
+llama.cpp rows run each ``--llama-gguf`` (default: the preset's F16 and the packaged Q4_1) on a managed
+``llama-server`` (1 and 2 threads; with ``--llama-reuse-off`` also prefix reuse off = ``--no-cache-prompt``); there the decode ms/step is measured client-side as (time to last token - TTFT) /
 (tokens - 1), and the prefilled tokens are prompt - ``cached_tokens`` as llama-server reports them.
 """
 
@@ -199,28 +200,32 @@ def run_llama_case(sched, vocab: int, conc: int, args) -> dict:
 
 def llama_rows(vocab: int, args) -> list[dict]:
     """llama.cpp rows: threads 1 and 2, prefix reuse on/off, each concurrency; one server per config."""
-    from omni_rt.engine import llama_cpp
-    from omni_rt.engine.weights import smollm2_gguf_path
+    from omni_rt.engine import llama_cpp, smollm2
 
     binary = llama_cpp.locate_binary()
     if binary is None:
         print(f"llama.cpp: no llama-server built ({llama_cpp.build_failed() or 'run python -m omni_rt.engine.llama_cpp build'})")
         return []
+    files = {"f16": smollm2.ensure_f16_gguf, "q4_1": smollm2.packaged_gguf_path}
     rows = []
-    for threads in args.llama_threads:
-        for reuse in (True, False):
-            sched = llama_cpp.create_llama_cpp_scheduler(
-                smollm2_gguf_path(), binary, threads=threads, parallel=max(args.concurrency),
-                ctx_size=max(args.concurrency) * args.max_seq_len,
-                extra_args=() if reuse else ("--no-cache-prompt",),
-            )
-            sched.start()
-            try:
-                run_llama_case(sched, vocab, 1, args)  # warm-up
-                for c in args.concurrency:
-                    rows.append({**run_llama_case(sched, vocab, c, args), "threads": threads, "prefix_reuse": reuse})
-            finally:
-                sched.stop()
+    for rep in range(args.llama_repeats):  # alternating files, so a noisy stretch of the machine hits both
+        for name in args.llama_gguf:
+            gguf = files[name]() if name in files else Path(name)
+            for threads in args.llama_threads:
+                for reuse in (True, False) if args.llama_reuse_off else (True,):
+                    sched = llama_cpp.create_llama_cpp_scheduler(
+                        gguf, binary, threads=threads, parallel=max(args.concurrency),
+                        ctx_size=max(args.concurrency) * args.max_seq_len,
+                        extra_args=() if reuse else ("--no-cache-prompt",),
+                    )
+                    sched.start()
+                    try:
+                        run_llama_case(sched, vocab, 1, args)  # warm-up
+                        for c in args.concurrency:
+                            rows.append({**run_llama_case(sched, vocab, c, args), "gguf": gguf.name, "repeat": rep,
+                                         "threads": threads, "prefix_reuse": reuse})
+                    finally:
+                        sched.stop()
     return rows
 
 
@@ -238,9 +243,14 @@ def main() -> None:
     ap.add_argument("--json", default="latency_bench/results/engine.json", help="where to write the results")
     ap.add_argument("--engine", choices=["torch", "llama.cpp", "both"], default="torch")
     ap.add_argument("--llama-threads", default="1,2", help="llama.cpp thread counts to measure")
+    ap.add_argument("--llama-gguf", default="f16,q4_1",
+                    help="GGUFs for the llama.cpp rows: f16 (the CPU preset's), q4_1 (the packaged file) or paths")
+    ap.add_argument("--llama-repeats", type=int, default=1, help="measure the GGUFs this many times, alternating")
+    ap.add_argument("--llama-reuse-off", action="store_true", help="also measure llama.cpp with prefix reuse off")
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.llama_threads = [int(t) for t in args.llama_threads.split(",")]
+    args.llama_gguf = args.llama_gguf.split(",")
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
 
     label = args.shape or args.model
@@ -263,13 +273,13 @@ def main() -> None:
         vocab = len(load_tokenizer(resolve_model("smollm2")))
     if args.engine in ("llama.cpp", "both"):
         rows += llama_rows(vocab, args)
-    print("torch rows: fp32 PyTorch; llama.cpp rows: Q4_1 GGUF, 'lookahead' column = llama-server threads")
-    head = f"{'engine':>9} {'conc':>4} {'lookahead':>9} {'reuse':>5} {'prompt':>6} {'prefill':>7} {'TTFT p50 ms':>11} {'TTFT max ms':>11} {'tok/s':>7} {'ms/step':>8}"
+    print("torch rows: fp32 PyTorch; llama.cpp rows: the GGUF named, 'lookahead' column = llama-server threads")
+    head = f"{'engine':>9} {'gguf':>36} {'conc':>4} {'lookahead':>9} {'reuse':>5} {'prompt':>6} {'prefill':>7} {'TTFT p50 ms':>11} {'TTFT max ms':>11} {'tok/s':>7} {'ms/step':>8}"
     print(head)
     print("-" * len(head))
     for r in rows:
         print(
-            f"{r['engine']:>9} {r['concurrency']:>4} "
+            f"{r['engine']:>9} {r.get('gguf', '-'):>36} {r['concurrency']:>4} "
             f"{(('on' if r['lookahead'] else 'off') if 'lookahead' in r else str(r['threads']) + ' thr'):>9} {'on' if r['prefix_reuse'] else 'off':>5} "
             f"{r['prompt_tokens']:>6} {r['prefilled_tokens']:>7.0f} {r['ttft_ms_p50']:>11.1f} {r['ttft_ms_max']:>11.1f} "
             f"{r['tokens_per_s']:>7.1f} {r['ms_per_decode_step']:>8.1f}"

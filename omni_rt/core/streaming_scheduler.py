@@ -1,15 +1,24 @@
 """StreamingSimpleScheduler: a stage that computes on stream chunks as they arrive.
 
 Handles every ordering of the three inputs of a request: chunks, ``stream_done`` (once per stream source)
-and the payload. A request completes (``on_complete``) only when it has its payload *and* every stream
-source has said done.
+and the payload. A request completes (``on_complete``) only when it has its payload, every stream source has
+said done, and none of its deferred work is left.
+
+Deferred work (``defer``) is how a stage shared by several sessions chooses what to compute next: messages
+are cheap bookkeeping and are all taken from the inbox first; then one unit of work runs, the one due
+earliest. A talker says a response's first clause is due at once and a later one when the audio before it
+will have played, so a new answer's first audio goes ahead of the tail of a long answer that is already
+sounding (what a FIFO inbox cannot do: there the newcomer waits behind every clause queued before it).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import queue
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from omni_rt.core.messages import IncomingMessage, StageTiming
 from omni_rt.core.scheduler import ThreadedScheduler
@@ -22,10 +31,22 @@ class StreamState:
     done_sources: set[str] = field(default_factory=set)
     user: dict[str, Any] = field(default_factory=dict)  # subclass per-request state
     timed: bool = False  # the first stream output has carried its StageTiming
+    pending: int = 0  # deferred units not yet run
+
 
     def inputs_complete(self, sources: set[str]) -> bool:
         """The payload arrived and every stream source said ``stream_done``."""
         return self.has_payload and sources <= self.done_sources
+
+
+@dataclass(order=True)
+class _Work:
+    due: float  # perf_counter seconds: earliest first
+    seq: int  # then in the order deferred (keeps one request's units in order when their due times tie)
+    request_id: str = field(compare=False)
+    state: StreamState = field(compare=False)
+    run: Callable[[], None] = field(compare=False)
+    arrived: float = field(compare=False)  # when the message that produced it reached the inbox
 
 
 class StreamingSimpleScheduler(ThreadedScheduler):
@@ -43,6 +64,8 @@ class StreamingSimpleScheduler(ThreadedScheduler):
         self.stream_sources: list[str] = []  # set by the pipeline builder from the compiled routing
         self.states: dict[str, StreamState] = {}
         self._handling: tuple[str, StreamState, float, float] | None = None  # (request, state, arrived, taken)
+        self._work: list[_Work] = []  # heap of deferred units
+        self._seq = itertools.count()
 
     # ---- hooks -------------------------------------------------------------------------------------
     def on_payload(self, request_id: str, state: StreamState) -> None:
@@ -68,9 +91,46 @@ class StreamingSimpleScheduler(ThreadedScheduler):
     def _expected_done(self) -> set[str]:
         return set(self.stream_sources)
 
+    def defer(self, request_id: str, state: StreamState, run: Callable[[], None], due: float) -> None:
+        """Run ``run`` later, when it is the earliest ``due`` (perf_counter s) of all requests' deferred work.
+        Call from a hook; the request completes only after its deferred units have run (an abort drops them)."""
+        arrived = self._handling[2] if self._handling is not None else time.perf_counter()
+        state.pending += 1
+        heapq.heappush(self._work, _Work(due, next(self._seq), request_id, state, run, arrived))
+
     def run_loop(self) -> None:
         while self.running:
-            self._handle_safely(self.inbox.get())
+            if not self._work:
+                self._handle_safely(self.inbox.get())
+            while True:  # every waiting message first: they may abort work or bring work due sooner
+                try:
+                    msg = self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                self._handle_safely(msg)
+            if self._work and self.running:
+                self._run_due()
+
+    def _run_due(self) -> None:
+        work = heapq.heappop(self._work)
+        rid, state = work.request_id, work.state
+        if self.states.get(rid) is not state:  # aborted or failed since: its work is dropped
+            return
+        self._handling = (rid, state, work.arrived, time.perf_counter())
+        try:
+            work.run()
+        except Exception as exc:  # noqa: BLE001 - fail the request, keep the stage alive
+            self._fail(rid, exc)
+            return
+        finally:
+            self._handling = None
+        state.pending -= 1
+        self._complete_if_ready(rid, state)
+
+    def _complete_if_ready(self, request_id: str, state: StreamState) -> None:
+        if state.pending == 0 and state.inputs_complete(self._expected_done()):
+            del self.states[request_id]
+            self.on_complete(request_id, state)
 
     def _handle_safely(self, msg: IncomingMessage) -> None:
         """Handle one message; an exception fails that message's request only."""
@@ -119,6 +179,4 @@ class StreamingSimpleScheduler(ThreadedScheduler):
         elif msg.type == "stream_done":
             state.done_sources.add(msg.source or "")
             self.on_stream_done(rid, state, msg.source)
-        if state.inputs_complete(self._expected_done()):
-            del self.states[rid]
-            self.on_complete(rid, state)
+        self._complete_if_ready(rid, state)

@@ -2,15 +2,24 @@
 
 Both talkers (Piper on CPU, the Orpheus prompts of the GPU preset) take the thinker's ``TextDelta`` chunks
 before its final payload (``can_accept_stream_before_payload``), cut them into clauses — the first one short so
-the first audio starts after a few words (``ClauseSplitter``) — and differ only in what a clause becomes."""
+the first audio starts after a few words (``ClauseSplitter``) — and differ only in what a clause becomes.
+Clauses of all sessions are computed earliest-due first (``StreamingSimpleScheduler.defer``): a new answer's
+first clause ahead of later clauses of answers already playing."""
 
 from __future__ import annotations
 
+import functools
+import time
 from typing import Any
 
 from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
 from omni_rt.stages.clauses import ClauseSplitter
 from omni_rt.contracts.payloads import text_of
+
+
+# A lower bound on how long a word takes to say (Piper's voices and Orpheus speak ~150-170 words a minute, 0.35-0.4
+# s a word): a later clause is due this long per earlier word after the first, so the estimate errs early.
+SPEECH_S_PER_WORD = 0.3
 
 
 class ClauseStreamScheduler(StreamingSimpleScheduler):
@@ -34,9 +43,15 @@ class ClauseStreamScheduler(StreamingSimpleScheduler):
         return sp
 
     def _clauses(self, request_id: str, state: StreamState, clauses: list[str]) -> None:
-        if clauses:
-            state.user["spoken"].extend(clauses)
-            self.on_clauses(request_id, state, clauses)
+        """Each clause is deferred work due when the speech before it will have played: the first at once."""
+        for clause in clauses:
+            spoken: list[str] = state.user["spoken"]
+            if not spoken:
+                state.user["first_due"] = self._handling[2] if self._handling is not None else time.perf_counter()
+            ahead_s = sum(len(c.split()) for c in spoken) * SPEECH_S_PER_WORD
+            spoken.append(clause)
+            self.defer(request_id, state, functools.partial(self.on_clauses, request_id, state, [clause]),
+                       due=state.user["first_due"] + ahead_s)
 
     def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
         text = text_of(data)

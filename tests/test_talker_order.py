@@ -1,0 +1,78 @@
+"""The talker computes clauses of all sessions earliest-due first (``StreamingSimpleScheduler.defer``): a new
+answer's first clause goes ahead of the later clauses of an answer already playing, one answer's clauses stay in
+order, its result follows its last clause, and an abort drops what it had queued. Real Piper, in process."""
+
+from __future__ import annotations
+
+import queue
+
+import pytest
+
+from omni_rt.contracts.payloads import Clause, TextDelta
+from omni_rt.core.messages import IncomingMessage
+from omni_rt.stages.talker import create_piper_talker
+
+LONG = "Paris is the capital. It sits on the Seine river in the north. It has about two million people living in it. " \
+       "Its museums hold famous paintings from many centuries. Millions of visitors come every single year to see them."
+
+
+@pytest.fixture(scope="module")
+def talker():
+    return create_piper_talker()
+
+
+def feed(talker, rid: str, text: str) -> None:
+    talker.inbox.put(IncomingMessage(request_id=rid, type="new_request", data={"text": text}))
+    talker.inbox.put(IncomingMessage(request_id=rid, type="stream_chunk", data=TextDelta(text), source="thinker"))
+    talker.inbox.put(IncomingMessage(request_id=rid, type="stream_done", source="thinker"))
+
+
+def outputs(talker, until: set[str], timeout: float = 60) -> list[tuple[str, str, str]]:
+    """(request, type, clause text or '') until every request in ``until`` has its result."""
+    out = []
+    while until:
+        msg = talker.outbox.get(timeout=timeout)
+        out.append((msg.request_id, msg.type, msg.data.text if isinstance(msg.data, Clause) else ""))
+        if msg.type in ("result", "error"):
+            until.discard(msg.request_id)
+    return out
+
+
+def test_a_new_answers_first_clause_goes_ahead_of_a_long_answers_tail(talker):
+    talker.set_stream_sources(["thinker"])
+    feed(talker, "long", LONG)  # all queued before the thread starts: the order is the scheduler's alone
+    feed(talker, "new", "Blue is my favourite colour.")
+    talker.start()
+    try:
+        out = outputs(talker, {"long", "new"})
+    finally:
+        talker.stop()
+    spoken = [(rid, text) for rid, kind, text in out if kind == "stream"]
+    long_clauses = [t for rid, t in spoken if rid == "long"]
+    assert len(long_clauses) >= 4, spoken
+    assert " ".join(long_clauses).split() == LONG.split(), long_clauses  # in order, nothing lost
+    first_new = next(i for i, (rid, _) in enumerate(spoken) if rid == "new")
+    assert first_new == 1, spoken  # right after the long answer's first clause, not after all of it (FIFO: 4+)
+    for rid in ("long", "new"):  # each result after that request's last clause
+        last_clause = max(i for i, (r, kind, _) in enumerate(out) if r == rid and kind == "stream")
+        result = next(i for i, (r, kind, _) in enumerate(out) if r == rid and kind == "result")
+        assert result > last_clause
+        assert out[result][0] == rid
+
+
+def test_an_abort_drops_the_clauses_it_had_queued(talker):
+    talker.set_stream_sources(["thinker"])
+    while not talker.outbox.empty():
+        talker.outbox.get_nowait()
+    feed(talker, "cut", LONG)
+    talker.inbox.put(IncomingMessage(request_id="cut", type="abort"))  # the user talked over it
+    feed(talker, "next", "Green.")
+    talker.start()
+    try:
+        out = outputs(talker, {"next"})
+        with pytest.raises(queue.Empty):
+            talker.outbox.get(timeout=1.0)
+    finally:
+        talker.stop()
+    assert [rid for rid, kind, _ in out if rid == "cut"] == [], out  # taken with its messages, before any synthesis
+    assert talker.live_state() == 0
