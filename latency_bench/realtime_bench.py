@@ -74,6 +74,9 @@ VARIANTS: dict[str, tuple[str, str | None, list[str]]] = {
     "no_prefix": ("per-session prefix reuse off", "no_prefix.yaml", []),
     "windowed": ("thinker batching window 50 ms even when idle", "windowed.yaml", []),
     "torch": ("the fp32 PyTorch thinker instead of llama.cpp", "torch.yaml", []),
+    "arrival_talker": ("the talker speaks clauses in arrival order, not earliest-due first (matters with several "
+                       "sessions: run it with --preset latency_bench/presets/arrival_talker.yaml --sessions 4,8)",
+                       "arrival_talker.yaml", []),
 }
 QUICK_VARIANTS = ["streaming", "naive", "no_held", "windowed"]
 WINDOW_MS = 50.0
@@ -612,6 +615,8 @@ def derive_variant(data: dict[str, Any], variant: str) -> dict[str, Any]:
         entry["args"]["prefix_reuse"] = False
     elif variant == "torch":
         entry["args"]["backend"] = "torch"
+    elif variant == "arrival_talker":
+        stages["talker"].setdefault("args", {})["clause_order"] = "arrival"
     elif variant == "windowed":
         if entry["factory"] != "omni_rt.engine.factory:create_ar_scheduler":
             raise ValueError(f"windowed: the entry stage factory is {entry['factory']}, not create_ar_scheduler")

@@ -76,3 +76,19 @@ def test_an_abort_drops_the_clauses_it_had_queued(talker):
         talker.stop()
     assert [rid for rid, kind, _ in out if rid == "cut"] == [], out  # taken with its messages, before any synthesis
     assert talker.live_state() == 0
+
+
+def test_arrival_order_is_the_ablation_it_names(talker):
+    from omni_rt.stages.talker import PiperTalkerScheduler
+
+    fifo = PiperTalkerScheduler(talker.tts, clause_order="arrival")
+    fifo.set_stream_sources(["thinker"])
+    feed(fifo, "long", LONG)
+    feed(fifo, "new", "Blue is my favourite colour.")
+    fifo.start()
+    try:
+        out = outputs(fifo, {"long", "new"})
+    finally:
+        fifo.stop()
+    spoken = [rid for rid, kind, _ in out if kind == "stream"]
+    assert spoken.index("new") == spoken.count("long"), spoken  # the newcomer waits for the whole long answer

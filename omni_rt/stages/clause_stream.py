@@ -20,13 +20,19 @@ from omni_rt.contracts.payloads import text_of
 # A lower bound on how long a word takes to say (Piper's voices and Orpheus speak ~150-170 words a minute, 0.35-0.4
 # s a word): a later clause is due this long per earlier word after the first, so the estimate errs early.
 SPEECH_S_PER_WORD = 0.3
+# "due": earliest-due first (above); "arrival": in the order the text arrived, all sessions in one line (the
+# ablation that shows what the due order buys: latency_bench/presets/fifo_talker.yaml)
+CLAUSE_ORDERS = ("due", "arrival")
 
 
 class ClauseStreamScheduler(StreamingSimpleScheduler):
     """Override ``on_clauses`` (and ``result_extra`` for what the result reports beyond the clauses spoken)."""
 
-    def __init__(self, name: str, **split_args: int) -> None:
+    def __init__(self, name: str, clause_order: str = "due", **split_args: int) -> None:
         super().__init__(name=name)
+        if clause_order not in CLAUSE_ORDERS:
+            raise ValueError(f"stage '{name}' field 'clause_order': {clause_order!r} is not one of {', '.join(CLAUSE_ORDERS)}")
+        self.clause_order = clause_order
         self.split_args = split_args
 
     def on_clauses(self, request_id: str, state: StreamState, clauses: list[str]) -> None:
@@ -44,14 +50,15 @@ class ClauseStreamScheduler(StreamingSimpleScheduler):
 
     def _clauses(self, request_id: str, state: StreamState, clauses: list[str]) -> None:
         """Each clause is deferred work due when the speech before it will have played: the first at once."""
+        arrived = self._handling[2] if self._handling is not None else time.perf_counter()
         for clause in clauses:
             spoken: list[str] = state.user["spoken"]
             if not spoken:
-                state.user["first_due"] = self._handling[2] if self._handling is not None else time.perf_counter()
+                state.user["first_due"] = arrived
             ahead_s = sum(len(c.split()) for c in spoken) * SPEECH_S_PER_WORD
             spoken.append(clause)
-            self.defer(request_id, state, functools.partial(self.on_clauses, request_id, state, [clause]),
-                       due=state.user["first_due"] + ahead_s)
+            due = state.user["first_due"] + ahead_s if self.clause_order == "due" else arrived
+            self.defer(request_id, state, functools.partial(self.on_clauses, request_id, state, [clause]), due=due)
 
     def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
         text = text_of(data)

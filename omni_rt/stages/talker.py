@@ -11,14 +11,15 @@ import time
 from typing import Any
 
 from omni_rt.core.streaming_scheduler import StreamState
-from omni_rt.stages.clause_stream import ClauseStreamScheduler
+from omni_rt.stages.clause_stream import CLAUSE_ORDERS, ClauseStreamScheduler
 from omni_rt.contracts.payloads import Clause
 
 
 class PiperTalkerScheduler(ClauseStreamScheduler):
-    def __init__(self, tts: Any, first_min_words: int = 2, first_max_words: int = 4, min_words: int = 5, max_words: int = 24) -> None:
-        super().__init__("talker", first_min_words=first_min_words, first_max_words=first_max_words, min_words=min_words,
-                         max_words=max_words)
+    def __init__(self, tts: Any, first_min_words: int = 2, first_max_words: int = 4, min_words: int = 5, max_words: int = 24,
+                 clause_order: str = "due") -> None:
+        super().__init__("talker", clause_order=clause_order, first_min_words=first_min_words,
+                         first_max_words=first_max_words, min_words=min_words, max_words=max_words)
         self.tts = tts
 
     def on_clauses(self, request_id: str, state: StreamState, clauses: list[str]) -> None:
@@ -34,10 +35,15 @@ class PiperTalkerScheduler(ClauseStreamScheduler):
 
 
 def create_piper_talker(
-    voice: str | None = None, first_min_words: int = 2, first_max_words: int = 4, num_threads: int = 1
+    voice: str | None = None, first_min_words: int = 2, first_max_words: int = 4, num_threads: int = 1,
+    clause_order: str = "due",
 ) -> PiperTalkerScheduler:
+    """``clause_order``: ``due`` (a new answer's first clause ahead of other answers' later ones) or ``arrival``."""
     from omni_rt.backends.tts_piper import PiperTTS
 
+    if clause_order not in CLAUSE_ORDERS:  # before loading the voice
+        raise ValueError(f"stage 'talker' field 'clause_order': {clause_order!r} is not one of {', '.join(CLAUSE_ORDERS)}")
     tts = PiperTTS(voice_path=voice, num_threads=num_threads)
     tts.synthesize("Ready.")  # warm the ONNX session so the first answer pays no start-up cost
-    return PiperTalkerScheduler(tts, first_min_words=first_min_words, first_max_words=first_max_words)
+    return PiperTalkerScheduler(tts, first_min_words=first_min_words, first_max_words=first_max_words,
+                                clause_order=clause_order)
