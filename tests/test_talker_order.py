@@ -38,15 +38,21 @@ def outputs(talker, until: set[str], timeout: float = 60) -> list[tuple[str, str
     return out
 
 
-def test_a_new_answers_first_clause_goes_ahead_of_a_long_answers_tail(talker):
+def long_then_new(talker) -> list[tuple[str, str, str]]:
+    """A long answer's text, then a new answer's, both queued before the thread starts: the order is the
+    scheduler's alone."""
     talker.set_stream_sources(["thinker"])
-    feed(talker, "long", LONG)  # all queued before the thread starts: the order is the scheduler's alone
+    feed(talker, "long", LONG)
     feed(talker, "new", "Blue is my favourite colour.")
     talker.start()
     try:
-        out = outputs(talker, {"long", "new"})
+        return outputs(talker, {"long", "new"})
     finally:
         talker.stop()
+
+
+def test_a_new_answers_first_clause_goes_ahead_of_a_long_answers_tail(talker):
+    out = long_then_new(talker)
     spoken = [(rid, text) for rid, kind, text in out if kind == "stream"]
     long_clauses = [t for rid, t in spoken if rid == "long"]
     assert len(long_clauses) >= 4, spoken
@@ -81,14 +87,6 @@ def test_an_abort_drops_the_clauses_it_had_queued(talker):
 def test_arrival_order_is_the_ablation_it_names(talker):
     from omni_rt.stages.talker import PiperTalkerScheduler
 
-    fifo = PiperTalkerScheduler(talker.tts, clause_order="arrival")
-    fifo.set_stream_sources(["thinker"])
-    feed(fifo, "long", LONG)
-    feed(fifo, "new", "Blue is my favourite colour.")
-    fifo.start()
-    try:
-        out = outputs(fifo, {"long", "new"})
-    finally:
-        fifo.stop()
+    out = long_then_new(PiperTalkerScheduler(talker.tts, clause_order="arrival"))
     spoken = [rid for rid, kind, _ in out if kind == "stream"]
     assert spoken.index("new") == spoken.count("long"), spoken  # the newcomer waits for the whole long answer
