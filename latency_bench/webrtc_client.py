@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 
 from omni_rt.audio.pcm import float_to_int16, resample
-from omni_rt.transports.webrtc import FRAME_SAMPLES, WIRE_RATE, wire_frame
+from omni_rt.transports.webrtc import FRAME_SAMPLES, WIRE_RATE, WireEncoder
 
 RATE = WIRE_RATE
 FRAME = FRAME_SAMPLES  # 20 ms
@@ -34,7 +34,9 @@ def _track_base():
 
 
 class MicTrack(_track_base()):  # type: ignore[misc]
-    """A microphone that says what it is given, in real time, and is silent otherwise."""
+    """A microphone that says what it is given, in real time, and is silent otherwise; its 20 ms Opus packets
+    are encoded as the server's answer track encodes them (``WireEncoder``: the same bytes on the wire, less CPU
+    taken from the server sharing this machine)."""
 
     kind = "audio"
 
@@ -47,6 +49,7 @@ class MicTrack(_track_base()):  # type: ignore[misc]
         self._sent = 0  # samples ever handed to the sender
         self._mark: int | None = None  # sample index whose sending sets speech_end
         self.speech_end: float | None = None  # time.perf_counter() when the marked sample went out
+        self._wire = WireEncoder()
 
     def say(self, audio: np.ndarray, rate: int, speech_end: int | None = None) -> None:
         """Queue audio; ``speech_end`` (an index into ``audio``, default its end) marks its last speech sample:
@@ -77,7 +80,7 @@ class MicTrack(_track_base()):  # type: ignore[misc]
         if self._mark is not None and self._sent >= self._mark:
             self._mark = None
             self.speech_end = time.perf_counter()
-        return wire_frame(chunk, self._pts)
+        return self._wire.packet(chunk, self._pts)
 
 
 class RealtimeCall:
