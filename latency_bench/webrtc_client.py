@@ -47,7 +47,7 @@ def _track_base():
 
 class MicTrack(_track_base()):  # type: ignore[misc]
     """A microphone that says what it is given, in real time, and is silent otherwise; its 20 ms Opus packets
-    are encoded as the server's answer track encodes them (``WireEncoder``: the same bytes on the wire, less CPU
+    are encoded as the server's answer track encodes them (``WireEncoder``: the same Opus payloads, less CPU
     taken from the server sharing this machine)."""
 
     kind = "audio"
