@@ -9,10 +9,12 @@ WebSocket sessions are ``realtime_bench.BenchSession`` (20 ms appends); WebRTC s
 slow drifts of a shared machine fall on both.
 
 * V2V  — the client sending the frame that holds the question's last speech sample -> the answer's first sound,
-         one definition for both: the first 20 ms frame louder than -40 dBFS (RMS 0.01). WebRTC: that frame coming
-         out of the client's aiortc receiver, decoded on arrival (Opus and RTP counted, no playout buffer: aiortc's
-         default holds 4 frames, a browser's NetEq adapts); WebSocket: that frame having played out, playback started at the
-         first ``response.output_audio.delta`` with no prebuffer (a real player adds its own; the demo page 80 ms).
+         one definition for both: the first 5 ms louder than -40 dBFS (RMS 0.01) starting to play. WebRTC: in the
+         frame coming out of the client's aiortc receiver, decoded on arrival and played from then (Opus and RTP
+         counted, no playout buffer: aiortc's default holds 4 frames, a browser's NetEq adapts); WebSocket: playback
+         started at the first ``response.output_audio.delta`` with no prebuffer (a real player adds its own; the demo
+         page 80 ms). (Before 2026-12-02 the WebSocket side counted the end of the first loud 20 ms frame and WebRTC
+         its start, 20 ms in WebRTC's favour; and a 20 ms grid turned Opus's 6.5 ms delay into ~20 ms.)
          Also shown: WebSocket V2V to the first delta (``realtime_bench``'s definition) and WebRTC V2V to
          ``output_audio_buffer.started`` on the data channel (the server handing out the first frame).
 * TTFA — ``input_audio_buffer.speech_stopped`` arriving -> the same first sound.
@@ -38,16 +40,16 @@ import numpy as np
 
 from latency_bench import realtime_bench as rb
 from latency_bench.report import RESULTS_DIR
+from latency_bench.webrtc_client import first_loud
 
 QUESTIONS = rb.QUESTIONS
 GAP_S = 0.8
-SOUND_RMS = 0.01  # as latency_bench/webrtc_client.py counts a frame as sound
-FRAME_24K = 480  # 20 ms
+ONSET_24K = rb.SR // 200  # 5 ms windows, as latency_bench/webrtc_client.py finds the first sound
 
 
 class SoundSession(rb.BenchSession):
     """A WebSocket bench session that also finds the answer's first *sound*, as the WebRTC client does: the
-    first 20 ms frame above ``SOUND_RMS``, played from the first delta's arrival (no prebuffer)."""
+    first 5 ms above ``SOUND_RMS`` starting to play, played from the first delta's arrival (no prebuffer)."""
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
@@ -61,10 +63,10 @@ class SoundSession(rb.BenchSession):
         if st[2] is not None:
             return
         x = np.frombuffer(base64.b64decode(ev["delta"]), "<i2").astype(np.float32) / 32768.0
-        for i in range(0, len(x) - FRAME_24K + 1, FRAME_24K):
-            if np.sqrt(np.mean(x[i:i + FRAME_24K] ** 2)) > SOUND_RMS:
-                st[2] = max(t, st[0] + (st[1] + i + FRAME_24K) / rb.SR)  # the frame has played out, as WebRTC counts it
-                return
+        i = first_loud(x, ONSET_24K)
+        if i is not None:  # when that 5 ms starts to play, as the WebRTC client times it
+            st[2] = max(t, st[0] + (st[1] + i) / rb.SR)
+            return
         st[1] += len(x)
 
 

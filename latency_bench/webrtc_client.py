@@ -20,11 +20,23 @@ import httpx
 import numpy as np
 
 from omni_rt.audio.pcm import float_to_int16, resample
-from omni_rt.transports.webrtc import FRAME_SAMPLES, WIRE_RATE, wire_frame
+from omni_rt.transports.webrtc import FRAME_SAMPLES, WIRE_RATE, WireEncoder
 
 RATE = WIRE_RATE
 FRAME = FRAME_SAMPLES  # 20 ms
 SOUND_RMS = 0.01  # a received frame louder than this is sound (Opus codes silence as near-zero)
+ONSET = RATE // 200  # 5 ms: the first sound is the first 5 ms window above SOUND_RMS (a 20 ms grid put Opus's
+# 6.5 ms codec delay into the next frame more often than not: +20 ms measured for +6.5 ms real, in a loopback)
+
+
+def first_loud(x: np.ndarray, window: int) -> int | None:
+    """Index of the first ``window``-sample window of ``x`` louder than ``SOUND_RMS``, or None."""
+    n = len(x) // window
+    if n == 0:
+        return None
+    rms = np.sqrt(np.mean(x[: n * window].reshape(n, window) ** 2, axis=1))
+    loud = np.flatnonzero(rms > SOUND_RMS)
+    return int(loud[0]) * window if len(loud) else None
 
 
 def _track_base():
@@ -34,7 +46,9 @@ def _track_base():
 
 
 class MicTrack(_track_base()):  # type: ignore[misc]
-    """A microphone that says what it is given, in real time, and is silent otherwise."""
+    """A microphone that says what it is given, in real time, and is silent otherwise; its 20 ms Opus packets
+    are encoded as the server's answer track encodes them (``WireEncoder``: the same Opus payloads, less CPU
+    taken from the server sharing this machine)."""
 
     kind = "audio"
 
@@ -47,6 +61,7 @@ class MicTrack(_track_base()):  # type: ignore[misc]
         self._sent = 0  # samples ever handed to the sender
         self._mark: int | None = None  # sample index whose sending sets speech_end
         self.speech_end: float | None = None  # time.perf_counter() when the marked sample went out
+        self._wire = WireEncoder()
 
     def say(self, audio: np.ndarray, rate: int, speech_end: int | None = None) -> None:
         """Queue audio; ``speech_end`` (an index into ``audio``, default its end) marks its last speech sample:
@@ -77,7 +92,7 @@ class MicTrack(_track_base()):  # type: ignore[misc]
         if self._mark is not None and self._sent >= self._mark:
             self._mark = None
             self.speech_end = time.perf_counter()
-        return wire_frame(chunk, self._pts)
+        return self._wire.packet(chunk, self._pts)
 
 
 class RealtimeCall:
@@ -95,6 +110,7 @@ class RealtimeCall:
         self.events: list[dict[str, Any]] = []
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.heard: list[tuple[float, float]] = []  # (perf_counter at arrival, frame RMS) per received frame
+        self.onsets: list[float] = []  # per received frame with sound: when its first loud 5 ms starts to play
         self.samples: list[np.ndarray] = []  # received audio, 48 kHz mono float32
         self._reader: asyncio.Task | None = None
         self.opened = asyncio.Event()
@@ -156,7 +172,11 @@ class RealtimeCall:
                 with_channels = with_channels or len(frame.layout.channels)
                 x = frame.to_ndarray().astype(np.float32).reshape(-1, with_channels).mean(axis=1) / 32768.0
                 self.samples.append(x)
-                self.heard.append((time.perf_counter(), float(np.sqrt(np.mean(x * x))) if len(x) else 0.0))
+                t = time.perf_counter()
+                self.heard.append((t, float(np.sqrt(np.mean(x * x))) if len(x) else 0.0))
+                i = first_loud(x, ONSET)
+                if i is not None:  # decoded on arrival: the frame starts to play now
+                    self.onsets.append(t + i / RATE)
         except MediaStreamError:
             return
 
@@ -185,11 +205,8 @@ class RealtimeCall:
         return found
 
     def first_sound_after(self, t0: float) -> float | None:
-        """perf_counter of the first received frame with sound at or after ``t0``."""
-        for t, rms in self.heard:
-            if t >= t0 and rms > SOUND_RMS:
-                return t
-        return None
+        """perf_counter when the first loud 5 ms received at or after ``t0`` starts to play."""
+        return next((t for t in self.onsets if t >= t0), None)
 
     def sound_seconds(self, since: float = 0.0) -> float:
         return sum(FRAME / RATE for t, rms in self.heard if t >= since and rms > SOUND_RMS)

@@ -8,8 +8,8 @@ differs is only the carriage:
 - Microphone audio arrives on an Opus track (48 kHz); each decoded frame is resampled at the edge
   (``omni_rt.audio``) to the session's input format and fed as ``input_audio_buffer.append``.
 - Answer audio (``response.output_audio.delta``) never goes on the data channel: it is resampled to 48 kHz
-  and queued in ``PacedAudioTrack``, which hands aiortc's Opus encoder one 20 ms frame per 20 ms of RTP
-  clock. What the track has handed out is what was played: barge-in clears the queue at once and truncates
+  and queued in ``PacedAudioTrack``, which hands aiortc one 20 ms Opus packet (``WireEncoder``) per 20 ms of
+  RTP clock. What the track has handed out is what was played: barge-in clears the queue at once and truncates
   the assistant item to that, and ``output_audio_buffer.started/stopped/cleared`` follow the track, as
   OpenAI's WebRTC sessions send them. ``output_audio_buffer.clear`` (a WebRTC-only client event) is handled here.
 - A call ends on hangup (``POST /v1/realtime/calls/{id}/hangup``), the peer closing or failing ICE, the data
@@ -55,8 +55,7 @@ FRAME_S = FRAME_SAMPLES / WIRE_RATE
 
 
 def wire_frame(pcm: np.ndarray, pts: int) -> Any:
-    """One 20 ms ``av.AudioFrame`` of int16 mono at the wire rate, stamped ``pts`` (in samples): what a track
-    hands aiortc's Opus encoder (the client in latency_bench sends its microphone the same way)."""
+    """One 20 ms ``av.AudioFrame`` of int16 mono at the wire rate, stamped ``pts`` (in samples)."""
     from av import AudioFrame
 
     frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
@@ -65,6 +64,34 @@ def wire_frame(pcm: np.ndarray, pts: int) -> Any:
     frame.pts = pts
     frame.time_base = fractions.Fraction(1, WIRE_RATE)
     return frame
+
+
+class WireEncoder:
+    """Opus-encodes a track's 20 ms frames in its own ``recv()``, which hands aiortc the packet.
+
+    Given a frame, aiortc's sender scans it for the audio-level header (44-112 us) and encodes it on the loop's
+    thread pool: a thread hop and two wake-ups per 20 ms. Encoding here, with aiortc's own encoder (the same
+    payload bytes), costs a call 1.5-2.5% of a core less on each end, CPU that the pipeline on the same cores
+    otherwise waits for. The server's answer track and the bench's microphone (``latency_bench/webrtc_client.py``)
+    both send this way; the packets carry no audio-level header extension (nothing here reads it).
+    """
+
+    def __init__(self) -> None:
+        from aiortc.codecs.opus import OpusEncoder
+
+        self._encoder = OpusEncoder()
+
+    def packet(self, pcm: np.ndarray, pts: int) -> Any:
+        """One ``av.Packet`` for 960 int16 samples, stamped ``pts`` (in samples) for the RTP timestamp."""
+        from av import Packet
+
+        payloads, _ = self._encoder.encode(wire_frame(pcm, pts))
+        packet = Packet(payloads[0] if payloads else b"\xfc\xff\xfe")  # always one (aiortc frames its input in 20 ms); else silence
+        packet.pts = pts
+        packet.time_base = fractions.Fraction(1, WIRE_RATE)
+        return packet
+
+
 DATA_CHANNEL = "oai-events"
 MAX_SDP_BYTES = 64 * 1024
 MAX_SESSION_BYTES = 256 * 1024
@@ -229,6 +256,7 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
         self._start: float | None = None
         self._pts = 0
         self._silence = np.zeros(FRAME_SAMPLES, np.int16)
+        self._wire = WireEncoder()
         self._idle_waiter: asyncio.Future | None = None  # set while recv() sleeps with nothing queued
         self._ahead = 0.0  # seconds the send clock runs ahead of the RTP clock (early first frames), repaid in silence
 
@@ -322,7 +350,7 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
             self._ending.discard(self._playing)
             self._on_stopped(self._playing)
             self._playing = None
-        return wire_frame(pcm, self._pts)
+        return self._wire.packet(pcm, self._pts)
 
 
 # ---- one call ----------------------------------------------------------------------------------------------
