@@ -22,7 +22,7 @@ from test_realtime_tools import Client
 from omni_rt.engine import llama_cpp
 from omni_rt.engine.openai_compat_server import ServerThread
 from omni_rt.engine.thinker_choice import ThinkerError, thinker_args
-from omni_rt.engine.weights import smollm2_gguf_path
+from omni_rt.engine.smollm2 import packaged_gguf_path
 
 
 def _metadata_gguf(path: Path, chat_template: str | None) -> Path:
@@ -106,7 +106,7 @@ def binary():
 async def test_serve_with_a_local_gguf(tmp_path, binary):
     model = tmp_path / "models" / "my-thinker.gguf"
     model.parent.mkdir()
-    shutil.copyfile(smollm2_gguf_path(), model)  # any GGUF at any path: here the packaged weights, moved
+    shutil.copyfile(packaged_gguf_path(), model)  # any GGUF at any path: here the packaged weights, moved
     server = start_server(tmp_path, "--thinker", str(model), "--max-sessions", "2")
     try:
         assert "paris" in (await _capital_turn(server)).lower()
@@ -117,7 +117,7 @@ async def test_serve_with_a_local_gguf(tmp_path, binary):
 
 
 async def test_serve_with_an_openai_compatible_server(tmp_path, binary):
-    upstream = llama_cpp.LlamaServer(binary, smollm2_gguf_path(), threads=1, parallel=2, ctx_size=2048,
+    upstream = llama_cpp.LlamaServer(binary, packaged_gguf_path(), threads=1, parallel=2, ctx_size=2048,
                                      cache_ram_mib=0, log_path=tmp_path / "upstream.log")
     upstream.start()
     try:

@@ -91,12 +91,15 @@ class StreamingSimpleScheduler(ThreadedScheduler):
     def _expected_done(self) -> set[str]:
         return set(self.stream_sources)
 
+    def arrived(self) -> float:
+        """When the message being handled reached the inbox (now, outside a handler)."""
+        return self._handling[2] if self._handling is not None else time.perf_counter()
+
     def defer(self, request_id: str, state: StreamState, run: Callable[[], None], due: float) -> None:
         """Run ``run`` later, when it is the earliest ``due`` (perf_counter s) of all requests' deferred work.
         Call from a hook; the request completes only after its deferred units have run (an abort drops them)."""
-        arrived = self._handling[2] if self._handling is not None else time.perf_counter()
         state.pending += 1
-        heapq.heappush(self._work, _Work(due, next(self._seq), request_id, state, run, arrived))
+        heapq.heappush(self._work, _Work(due, next(self._seq), request_id, state, run, self.arrived()))
 
     def run_loop(self) -> None:
         while self.running:

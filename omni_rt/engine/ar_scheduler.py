@@ -47,7 +47,7 @@ from omni_rt.core.scheduler import ThreadedScheduler
 from omni_rt.engine.answer_policy import AnswerPolicy
 from omni_rt.engine.constrained import forces_call
 from omni_rt.engine.detokenize import TextStream
-from omni_rt.engine.history import HistoryWindow, PromptTooLong
+from omni_rt.engine.history import HistoryWindow, request_error_code
 from omni_rt.engine.language import check_languages, steer_messages, vocab_bias
 from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
 from omni_rt.engine.request import _num, parse_answer_policy, parse_request, parse_sampling
@@ -308,11 +308,8 @@ class ARScheduler(ThreadedScheduler):
             return
         try:
             seq = self._make_sequence(rid, data)
-        except PromptTooLong as exc:
-            self.emit_error(rid, exc, code="context_length_exceeded")
-            return
         except Exception as exc:
-            self.emit_error(rid, exc, code="bad_request")
+            self.emit_error(rid, exc, code=request_error_code(exc))
             return
         self._live[rid] = seq
         self._waiting.append(seq)

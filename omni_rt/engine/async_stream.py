@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 from omni_rt.core.messages import StageTiming
 from omni_rt.core.scheduler import ThreadedScheduler
 from omni_rt.engine.answer_policy import AnswerPolicy
-from omni_rt.engine.history import HistoryWindow, PromptTooLong
+from omni_rt.engine.history import HistoryWindow, request_error_code
 from omni_rt.engine.language import check_languages, steer_messages
 from omni_rt.engine.request import GenRequest, _num, parse_answer_policy, parse_request, parse_sampling, result_payload
 from omni_rt.engine.tools import ToolStream, UpstreamToolCalls, detect_format, render_prompt
@@ -155,11 +155,8 @@ class AsyncStreamScheduler(ThreadedScheduler):
             req.messages = steer_messages(req.messages, self.languages)
             try:
                 self._fit_history(rid, req, data)
-            except PromptTooLong as exc:
-                self.emit_error(rid, exc, code="context_length_exceeded")
-                return
-            except ValueError as exc:
-                self.emit_error(rid, exc, code="bad_request")
+            except ValueError as exc:  # PromptTooLong among them
+                self.emit_error(rid, exc, code=request_error_code(exc))
                 return
         policy = AnswerPolicy(req.answer_policy) if req.output == "text" and req.answer_policy is not None else None
         calls = UpstreamToolCalls()  # structured ``tool_calls`` deltas (an upstream with a tool-call parser)

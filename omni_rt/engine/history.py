@@ -33,6 +33,11 @@ _REPORTED = 64  # sessions listed in state() (the most recently trimmed)
 Render = Callable[[list[dict[str, Any]]], str]
 
 
+def request_error_code(exc: BaseException) -> str:
+    """The error code of a request the engine refuses: its prompt is over the token budget, or it is malformed."""
+    return "context_length_exceeded" if isinstance(exc, PromptTooLong) else "bad_request"
+
+
 class PromptTooLong(ValueError):
     """The newest message (plus the instructions) cannot fit the budget even with all history dropped."""
 

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from omni_rt.engine.smollm2 import cache_root
-from omni_rt.engine.smollm2 import packaged_gguf_path as smollm2_gguf_path
+from omni_rt.engine.smollm2 import cache_root, packaged_gguf_path
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ def ensure_smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
     target = Path(cache_dir) if cache_dir is not None else cache_root() / SMOLLM2_DIRNAME
     if all((target / f).is_file() for f in _REQUIRED):
         return target
-    gguf = smollm2_gguf_path()
+    gguf = packaged_gguf_path()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s to safetensors in %s (once)", gguf, target)

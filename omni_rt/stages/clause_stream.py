@@ -9,7 +9,6 @@ first clause ahead of later clauses of answers already playing."""
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any
 
 from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
@@ -25,13 +24,17 @@ SPEECH_S_PER_WORD = 0.3
 CLAUSE_ORDERS = ("due", "arrival")
 
 
+def check_clause_order(stage: str, clause_order: str) -> None:
+    if clause_order not in CLAUSE_ORDERS:
+        raise ValueError(f"stage '{stage}' field 'clause_order': {clause_order!r} is not one of {', '.join(CLAUSE_ORDERS)}")
+
+
 class ClauseStreamScheduler(StreamingSimpleScheduler):
     """Override ``on_clauses`` (and ``result_extra`` for what the result reports beyond the clauses spoken)."""
 
     def __init__(self, name: str, clause_order: str = "due", **split_args: int) -> None:
         super().__init__(name=name)
-        if clause_order not in CLAUSE_ORDERS:
-            raise ValueError(f"stage '{name}' field 'clause_order': {clause_order!r} is not one of {', '.join(CLAUSE_ORDERS)}")
+        check_clause_order(name, clause_order)
         self.clause_order = clause_order
         self.split_args = split_args
 
@@ -50,14 +53,14 @@ class ClauseStreamScheduler(StreamingSimpleScheduler):
 
     def _clauses(self, request_id: str, state: StreamState, clauses: list[str]) -> None:
         """Each clause is deferred work due when the speech before it will have played: the first at once."""
-        arrived = self._handling[2] if self._handling is not None else time.perf_counter()
+        arrived = self.arrived()
+        user = state.user
         for clause in clauses:
-            spoken: list[str] = state.user["spoken"]
-            if not spoken:
-                state.user["first_due"] = arrived
-            ahead_s = sum(len(c.split()) for c in spoken) * SPEECH_S_PER_WORD
-            spoken.append(clause)
-            due = state.user["first_due"] + ahead_s if self.clause_order == "due" else arrived
+            if not user["spoken"]:
+                user["first_due"], user["words_before"] = arrived, 0
+            due = user["first_due"] + user["words_before"] * SPEECH_S_PER_WORD if self.clause_order == "due" else arrived
+            user["spoken"].append(clause)
+            user["words_before"] += len(clause.split())
             self.defer(request_id, state, functools.partial(self.on_clauses, request_id, state, [clause]), due=due)
 
     def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from omni_rt.core.streaming_scheduler import StreamState
-from omni_rt.stages.clause_stream import CLAUSE_ORDERS, ClauseStreamScheduler
+from omni_rt.stages.clause_stream import ClauseStreamScheduler, check_clause_order
 from omni_rt.contracts.payloads import Clause
 
 
@@ -41,8 +41,7 @@ def create_piper_talker(
     """``clause_order``: ``due`` (a new answer's first clause ahead of other answers' later ones) or ``arrival``."""
     from omni_rt.backends.tts_piper import PiperTTS
 
-    if clause_order not in CLAUSE_ORDERS:  # before loading the voice
-        raise ValueError(f"stage 'talker' field 'clause_order': {clause_order!r} is not one of {', '.join(CLAUSE_ORDERS)}")
+    check_clause_order("talker", clause_order)  # before loading the voice
     tts = PiperTTS(voice_path=voice, num_threads=num_threads)
     tts.synthesize("Ready.")  # warm the ONNX session so the first answer pays no start-up cost
     return PiperTalkerScheduler(tts, first_min_words=first_min_words, first_max_words=first_max_words,

@@ -52,6 +52,7 @@ logging.getLogger("aioice").setLevel(logging.WARNING)  # one INFO line per candi
 WIRE_RATE = 48000  # Opus in WebRTC always runs at 48 kHz
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz: one Opus packet
 FRAME_S = FRAME_SAMPLES / WIRE_RATE
+TIME_BASE = fractions.Fraction(1, WIRE_RATE)  # pts count samples
 
 
 def wire_frame(pcm: np.ndarray, pts: int) -> Any:
@@ -62,7 +63,7 @@ def wire_frame(pcm: np.ndarray, pts: int) -> Any:
     frame.planes[0].update(pcm.tobytes())
     frame.sample_rate = WIRE_RATE
     frame.pts = pts
-    frame.time_base = fractions.Fraction(1, WIRE_RATE)
+    frame.time_base = TIME_BASE
     return frame
 
 
@@ -78,17 +79,17 @@ class WireEncoder:
 
     def __init__(self) -> None:
         from aiortc.codecs.opus import OpusEncoder
+        from av import Packet
 
         self._encoder = OpusEncoder()
+        self._packet = Packet  # imported once, not per 20 ms
 
     def packet(self, pcm: np.ndarray, pts: int) -> Any:
         """One ``av.Packet`` for 960 int16 samples, stamped ``pts`` (in samples) for the RTP timestamp."""
-        from av import Packet
-
         payloads, _ = self._encoder.encode(wire_frame(pcm, pts))
-        packet = Packet(payloads[0] if payloads else b"\xfc\xff\xfe")  # always one (aiortc frames its input in 20 ms); else silence
+        packet = self._packet(payloads[0] if payloads else b"\xfc\xff\xfe")  # always one (aiortc frames its input in 20 ms); else silence
         packet.pts = pts
-        packet.time_base = fractions.Fraction(1, WIRE_RATE)
+        packet.time_base = TIME_BASE
         return packet
 
 
@@ -645,7 +646,7 @@ class CallRegistry:
         host.sessions.add(runner)
         host.metrics.sessions.inc()
         try:
-            sdp = await call.answer(offer_sdp)
+            await call.answer(offer_sdp)  # the answer SDP stays on call.pc.localDescription
         except BaseException:
             host.sessions.discard(runner)
             host.metrics.sessions.dec()
