@@ -449,6 +449,7 @@ class Call:
 
         resampler: StreamResampler | None = None
         fmt = ""
+        parsed = None  # fmt parsed, once per change (not per 20 ms frame)
         try:
             while True:
                 frame = await track.recv()
@@ -456,10 +457,11 @@ class Call:
                 pcm = frame.to_ndarray().astype(np.float32).reshape(-1, len(frame.layout.channels)).mean(axis=1) / 32768.0
                 if fmt != self.session.config.input_format or resampler is None or resampler.sr_in != frame.sample_rate:
                     fmt = self.session.config.input_format
-                    resampler = StreamResampler(frame.sample_rate, format_rate(parse_audio_format(fmt)), quality="QQ")
+                    parsed = parse_audio_format(fmt)
+                    resampler = StreamResampler(frame.sample_rate, format_rate(parsed), quality="QQ")
                 out = resampler.process(pcm)
                 if len(out):
-                    audio = base64.b64encode(encode_float(out, parse_audio_format(fmt))).decode("ascii")
+                    audio = base64.b64encode(encode_float(out, parsed)).decode("ascii")
                     self.runner.feed_event({"type": "input_audio_buffer.append", "audio": audio})
         except MediaStreamError:
             self.finish("microphone track ended")
