@@ -107,6 +107,22 @@ def test_prefix_reuse_second_turn(sched):
     assert second["cached_tokens"] >= first["prompt_tokens"] - 2, second
 
 
+def test_long_new_prompt_is_fed_in_pieces(sched):
+    """A heavy new prompt goes to llama-server one batch at a time (``omni_rt.engine.prefill_pieces``): the
+    real request finds all but the last piece cached, and the pieces evaluate nothing twice."""
+    assert sched.prefill_piece_tokens == sched.server.batch_tokens == 16
+    story = " ".join(["The old lighthouse keeper walked along the rocky shore every morning before dawn."] * 12)
+    evaluated0 = _metric(sched, "prompt_tokens_total")
+    got = _ask(sched, "pieces", _q(story + " What did he do?"), session_id="pieces", max_tokens=4)
+    assert got["error"] is None, got["error"]
+    res = got["result"]
+    evaluated = _metric(sched, "prompt_tokens_total") - evaluated0
+    assert res["prompt_tokens"] > 150, res
+    # without pieces only the shared system prompt (~20 tokens) would be cached
+    assert res["cached_tokens"] >= res["prompt_tokens"] - 2 * sched.prefill_piece_tokens, res
+    assert evaluated <= res["prompt_tokens"], (evaluated, res)
+
+
 def test_abort_mid_answer_stops_upstream(sched):
     send(sched, "long", {"messages": _q("Write a long essay about the history of Rome."), "max_tokens": 400,
                          "ignore_eos": True})

@@ -266,6 +266,7 @@ class LlamaServer:
         ]  # fmt: skip
         self.log_path = Path(log_path) if log_path else cache_root() / "llama.cpp" / "logs" / f"llama-server-{os.getpid()}.log"
         self.ctx_size, self.parallel = int(ctx_size), int(parallel)
+        self.batch_tokens = batch_tokens
         self.props: dict[str, Any] = {}  # GET /props of the running server (its real slot context, slot count)
         self.restarts = 0
         self.proc: subprocess.Popen | None = None
@@ -461,6 +462,7 @@ def _make_scheduler_class():
     from omni_rt.engine.async_stream import Delta, UpstreamError
     from omni_rt.engine.constrained import closed, forced_tools, forces_call
     from omni_rt.engine.history import HistoryWindow
+    from omni_rt.engine.prefill_pieces import ShortPrefills, prefill_in_pieces
     from omni_rt.engine.remote import RemoteScheduler, request_body
     from omni_rt.engine.request import GenRequest
     from omni_rt.engine.tools import callable_tools, detect_format, render_prompt
@@ -483,13 +485,16 @@ def _make_scheduler_class():
         broken by a crash fails with an error that says so (the supervisor restarts the server)."""
 
         def __init__(self, server: LlamaServer, history_tokens: int | None = None, heavy_prefill_tokens: int = 64,
-                     **kwargs: Any) -> None:
+                     prefill_piece_tokens: int | None = None, **kwargs: Any) -> None:
             super().__init__(server.base_url + "/v1", **kwargs)
             self.server = server
             self.history_tokens = history_tokens
             self._slot_of: dict[str, tuple[int, bool]] = {}  # request in flight -> (its llama-server slot, heavy)
             self._last_slot: OrderedDict[str, int] = OrderedDict()  # session -> the slot its last request used
             self.heavy_prefill_tokens = heavy_prefill_tokens
+            # a heavy prompt's new tokens go in pieces of one batch (omni_rt.engine.prefill_pieces); 0: off
+            self.prefill_piece_tokens = (server.batch_tokens or 0) if prefill_piece_tokens is None else prefill_piece_tokens
+            self.shorts = ShortPrefills()
             self.logit_bias = language_logit_bias(self.tokenizer, self.languages)
 
         @property  # type: ignore[override]
@@ -534,22 +539,24 @@ def _make_scheduler_class():
             body["timings_per_token"] = True
             return path, body
 
-        def _take_slot(self, request_id: str, req: GenRequest) -> None:
+        def _take_slot(self, request_id: str, req: GenRequest) -> tuple[list[int], int] | None:
             """Pick the request's llama-server slot so a short new part goes first in every batch: llama-server
             fills each batch of ``-b`` tokens slot by slot in slot order, so a bystander below a heavy prefill
             gets its prompt and decode tokens into each batch and the prefill takes what is left. A session
             keeps its last slot (its prefix is there) when that keeps the order; otherwise a short request takes
             the lowest free slot, a long one (more than ``heavy_prefill_tokens`` new) the highest — llama-server
-            then saves that slot's prompt to its RAM cache and loads this session's from it."""
+            then saves that slot's prompt to its RAM cache and loads this session's from it. Returns the prompt
+            and how many of its tokens are new when a slot was taken, else None."""
             ids = self.prompt_ids.pop(request_id, None)
             if ids is None or self.history is None:
-                return
+                return None
             sid = req.session_id
-            heavy = self.history.new_tokens(sid, ids) > self.heavy_prefill_tokens
+            new = self.history.new_tokens(sid, ids)
+            heavy = new > self.heavy_prefill_tokens
             busy = self._slot_of.values()
             free = sorted(set(range(self.server.parallel)) - set(s for s, _ in busy))
             if not free:
-                return  # llama-server queues it for the first slot to free up
+                return None  # llama-server queues it for the first slot to free up
             last = self._last_slot.get(sid) if sid else None
             if heavy:
                 keep = last in free and all(s < last for s, h in busy if not h)
@@ -563,6 +570,7 @@ def _make_scheduler_class():
                 self._last_slot.move_to_end(sid)
                 if len(self._last_slot) > 1024:
                     self._last_slot.popitem(last=False)
+            return ids, new
 
         def close_session(self, session_id: str) -> None:
             super().close_session(session_id)
@@ -589,12 +597,25 @@ def _make_scheduler_class():
             if not self.server.alive:  # restarting after a crash: the next answer waits for it, rather than fail
                 await asyncio.to_thread(self.server.wait_ready, self.server.ready_timeout_s)
             restarts, pid = self.server.restarts, self.server.proc.pid if self.server.proc else None
-            framed = bool(req.tools) and forces_call(req.tool_choice) and self._own_tool_prompt(req)
-            self._take_slot(request_id, req)
+            own_prompt = self._own_tool_prompt(req)
+            framed = bool(req.tools) and forces_call(req.tool_choice) and own_prompt
+            taken = self._take_slot(request_id, req)
+            slot, heavy = self._slot_of.get(request_id, (None, False))
+            short = slot is not None and not heavy  # holds back heavy pieces until its first token
+            if short:
+                self.shorts.enter()
             try:
+                if heavy and taken is not None and self.prefill_piece_tokens and not own_prompt:
+                    ids, new = taken  # (an own tool prompt is rendered differently from these ids)
+                    await prefill_in_pieces(self.http_client(), self.server.base_url + "/completions", ids,
+                                            cached=len(ids) - new, piece=self.prefill_piece_tokens, slot=slot,
+                                            shorts=self.shorts)
                 if framed:  # the call's opening was part of the prompt: the parser sees the whole block
                     yield Delta(text=TOOL_OPEN)
                 async for d in super().generate(request_id, req):
+                    if short:
+                        short = False
+                        self.shorts.leave()
                     yield d
                 if framed:
                     yield Delta(text=TOOL_CLOSE)
@@ -612,6 +633,8 @@ def _make_scheduler_class():
                     ) from exc
                 raise
             finally:
+                if short:
+                    self.shorts.leave()
                 self._slot_of.pop(request_id, None)
 
     return LlamaCppScheduler

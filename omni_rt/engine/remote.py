@@ -185,15 +185,20 @@ class RemoteScheduler(AsyncStreamScheduler):
         """The endpoint path and body for ``req`` (a subclass may speak an upstream's own dialect)."""
         return ("/chat/completions" if req.messages is not None else "/completions"), request_body(req, self.model, self.dialect)
 
-    async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
-        if self._client is None:  # created inside the loop thread it will live in
+    def http_client(self) -> httpx.AsyncClient:
+        """The upstream's HTTP client, created inside the loop thread it will live in."""
+        if self._client is None:
             self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
+        return self._client
+
+    async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
+        client = self.http_client()
         path, body = self.request(req, request_id)
         url = self.base_url + path
         started = False
         for attempt in range(self.retries + 1):
             try:
-                async with self._client.stream("POST", url, json=body) as resp:
+                async with client.stream("POST", url, json=body) as resp:
                     if resp.status_code != 200:
                         detail = (await resp.aread()).decode(errors="replace")[:500]
                         if resp.status_code >= 500 or resp.status_code == 429:
