@@ -608,7 +608,9 @@ def derive_variant(data: dict[str, Any], variant: str) -> dict[str, Any]:
             if st.get("can_accept_stream_before_payload"):
                 st["can_accept_stream_before_payload"] = False
         if "asr" in stages:
-            stages["asr"].setdefault("args", {})["speculative_after_ms"] = 100000
+            asr_args = stages["asr"].setdefault("args", {})
+            asr_args["speculative_after_ms"] = 100000
+            asr_args.pop("speculative_alone_after_ms", None)
     elif variant == "no_async":
         entry["args"]["async_decode"] = False
     elif variant == "no_prefix":

@@ -52,7 +52,7 @@ def measure_asr(asr_args: dict[str, Any], audio16: np.ndarray, repeats: int) -> 
     from omni_rt.core.messages import IncomingMessage
     from omni_rt.stages.asr import create_asr_stage
 
-    spec_after = int(asr_args.get("speculative_after_ms", 150))
+    spec_after = int(asr_args.get("speculative_alone_after_ms") or asr_args.get("speculative_after_ms", 150))  # one session
     sched = create_asr_stage(**asr_args)
     sched.transcriber.transcribe(audio16)  # warm
     sched.start()
@@ -63,7 +63,7 @@ def measure_asr(asr_args: dict[str, Any], audio16: np.ndarray, repeats: int) -> 
     text = ""
     try:
         for label, after_ms in (("speculative", spec_after), ("no_speculative", 100000)):
-            sched.speculative_after_ms = after_ms
+            sched.speculative_after_ms = sched.speculative_alone_after_ms = after_ms
             finals, decodes = [], []
             for r in range(repeats):
                 sid = f"bench-{label}-{r}"

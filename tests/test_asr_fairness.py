@@ -182,3 +182,38 @@ def test_a_batch_never_changes_what_an_utterance_hears(asr_parts, speech_samples
     solo = [asr.transcribe(a) for a in audios]
     assert asr.transcribe_batch(audios) == solo
     assert asr.transcribe_batch(audios[::-1]) == solo[::-1]
+
+
+def _speculates_after(asr_parts, speech_16k, silence_ms: int, others: int) -> bool:
+    """Speech then ``silence_ms`` of silence (no more audio): does the speculative transcript start?"""
+    from omni_rt.contracts.turn_detection import parse_turn_detection
+
+    s = AsrSessionScheduler(*asr_parts, speculative_after_ms=150, speculative_alone_after_ms=100)
+    s.start()
+    try:
+        td = parse_turn_detection({"type": "server_vad", "silence_duration_ms": 500})
+        for i in range(others):  # open sessions that send nothing
+            put(s, f"other{i}", "new_request", {"op": "open", "params": {"turn_detection": td, "partials": False}})
+        put(s, "me", "new_request", {"op": "open", "params": {"turn_detection": td, "partials": False}})
+        loud = np.flatnonzero(np.abs(speech_16k) > 0.02)
+        speech = speech_16k[: loud[-1] + 1]  # Piper's own trailing silence cut: the pause is exactly silence_ms
+        audio = np.concatenate([np.zeros(3200, np.float32), speech, np.zeros(16 * silence_ms, np.float32)])
+        for start in range(0, audio.size, 320):
+            put(s, "me", "stream_chunk", audio[start:start + 320])
+        evs = events(s, lambda out: any(ev["type"] == "TranscriptSpeculative" for _, _, ev in out), timeout=2.5)
+    except AssertionError:  # timed out: nothing speculative came
+        return False
+    finally:
+        s.stop()
+    return any(ev["type"] == "TranscriptSpeculative" for _, _, ev in evs)
+
+
+def test_a_session_alone_starts_its_speculative_decode_sooner(asr_parts, speech_16k):
+    """``speculative_alone_after_ms`` (100) for the only open session; ``speculative_after_ms`` (150) once
+    another session is open. The VAD's own release lag is measured, not assumed: find the shortest trailing
+    silence that starts a shared session's decode, then 16 ms less (the 50 ms difference spans one 32 ms VAD
+    frame or two) must start it for a session alone."""
+    shared = next((ms for ms in range(184, 420, 8) if _speculates_after(asr_parts, speech_16k, ms, others=1)), None)
+    assert shared is not None, "no speculative decode even after 420 ms of silence"
+    assert not _speculates_after(asr_parts, speech_16k, shared - 16, others=1)
+    assert _speculates_after(asr_parts, speech_16k, shared - 16, others=0), shared
