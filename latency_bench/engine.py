@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from omni_rt.engine.ar_scheduler import ARScheduler
-from omni_rt.engine.testing import collect, send
+from latency_bench.stage_driver import collect, send
 from omni_rt.engine.torch_engine import TorchEngine
 from omni_rt.engine.weights import load_model, load_tokenizer, resolve_model, torch_dtype
 
