@@ -53,7 +53,9 @@ from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
 from omni_rt.engine.request import _num, parse_answer_policy, parse_request, parse_sampling
 from omni_rt.engine.segments import SegmentedRequests
 from omni_rt.engine.sequence import Sequence
-from omni_rt.engine.tools import ToolStream, callable_tools, detect_format, render_prompt
+from omni_rt.engine.tool_parser import ToolStream
+from omni_rt.engine.tool_prompt import detect_format, render_prompt
+from omni_rt.engine.tool_schema import callable_tools
 from omni_rt.engine.torch_engine import PrefillItem, TorchEngine
 from omni_rt.contracts.payloads import SpeechPrompt, TextDelta, TokenDelta
 
@@ -411,7 +413,7 @@ class ARScheduler(ThreadedScheduler):
         if forces_call(req.tool_choice):
             grammar = self._grammars.for_tools(fmt, req.tools, req.tool_choice, bool(req.parallel_tool_calls))
         elif (still := callable_tools(req.tools, req.tool_choice, req.messages)) is not None:
-            grammar = self._grammars.for_answer(fmt, still)  # an answered call is not made again (tools.py)
+            grammar = self._grammars.for_answer(fmt, still)  # an answered call is not made again (tool_schema.callable_tools)
         return ToolStream(fmt, grammar)
 
     def _grammar_mask(self, rows: list[Sequence]):

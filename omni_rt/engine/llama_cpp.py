@@ -431,7 +431,7 @@ def language_logit_bias(tokenizer: Any, languages: tuple[str, ...]) -> list[list
 
 
 def answer_gbnf(still: list[dict]) -> str:
-    """``auto`` once a tool's output is in (``tools.callable_tools``), as llama.cpp GBNF: the built-in
+    """``auto`` once a tool's output is in (``tool_schema.callable_tools``), as llama.cpp GBNF: the built-in
     engine's ``constrained.answer_grammar`` — spoken text without call markup, or one call (own format)
     of a tool still callable, its arguments any JSON object — so the same answered call is not made again."""
     text = r'text ::= [^<{; \t\n\r] [^<]*'
@@ -463,9 +463,10 @@ def _make_scheduler_class():
     from omni_rt.engine.history import HistoryWindow
     from omni_rt.engine.remote import RemoteScheduler, request_body
     from omni_rt.engine.request import GenRequest
-    from omni_rt.engine.tools import callable_tools, detect_format, render_prompt
+    from omni_rt.engine.tool_prompt import detect_format, render_prompt
+    from omni_rt.engine.tool_schema import callable_tools
 
-    TOOL_OPEN, TOOL_CLOSE = "<tool_call>\n", "\n</tool_call>"  # the own tool format (omni_rt.engine.tools)
+    TOOL_OPEN, TOOL_CLOSE = "<tool_call>\n", "\n</tool_call>"  # the own tool format (omni_rt.engine.tool_schema)
     FORCED_CALL_MAX_TOKENS = 384
 
     def forced_schema(req: GenRequest) -> dict[str, Any] | None:
