@@ -235,7 +235,7 @@ def test_server_dies_with_a_killed_parent(binary, tmp_path):
 
     code = (
         "import sys, time\n"
-        "from omni_rt.engine.llama_cpp import LlamaServer\n"
+        "from omni_rt.engine.llama_server import LlamaServer\n"
         "from omni_rt.engine.smollm2 import packaged_gguf_path\n"
         f"s = LlamaServer({str(binary)!r}, packaged_gguf_path(), parallel=1, ctx_size=512)\n"
         "s.start(); print(s.proc.pid, flush=True); time.sleep(120)\n"

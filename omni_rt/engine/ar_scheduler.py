@@ -31,7 +31,10 @@ As a ``stream_to`` target (the codec LM after ``omni_rt.stages.speech_prompts``)
 The scheduler is the policy (admission, prefill chunking, reaping, prefix restore); what a request becomes
 is ``sequence_builder.SequenceBuilder`` (prompt fitting, budgets, limits), how a tool request decodes is
 ``tool_decoding.ToolDecoding`` (parser, grammar, the step's mask), and what leaves for each sampled token is
-``token_publisher.TokenPublisher`` (tool-call split, answer policy, stream/result messages).
+``token_publisher.TokenPublisher`` (tool-call split, answer policy, stream/result messages). Why this module
+is still ~550 lines: what is left is one concept, the slot policy, whose steps (admit, chunk, join, reap,
+restore, free) all read and write the same row/slot/prefill-position state; cut apart they would share it
+through a wide interface again.
 
 ``session_close`` (a closed WebSocket) drops the session's stored prefix and makes any request of that
 session still in flight skip storing its KV when it ends, so a dead session never holds cache.
