@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from omni_rt.engine.ar_scheduler import ARScheduler
-from omni_rt.engine.testing import collect, send
+from latency_bench.stage_driver import collect, send
 from omni_rt.engine.torch_engine import TorchEngine
 from omni_rt.engine.weights import load_model, load_tokenizer, resolve_model, torch_dtype
 
@@ -201,6 +201,7 @@ def run_llama_case(sched, vocab: int, conc: int, args) -> dict:
 def llama_rows(vocab: int, args) -> list[dict]:
     """llama.cpp rows: threads 1 and 2, prefix reuse on/off, each concurrency; one server per config."""
     from omni_rt.engine import llama_cpp, smollm2
+    from omni_rt.engine.llama_cpp_scheduler import create_llama_cpp_scheduler
 
     binary = llama_cpp.locate_binary()
     if binary is None:
@@ -213,7 +214,7 @@ def llama_rows(vocab: int, args) -> list[dict]:
             gguf = files[name]() if name in files else Path(name)
             for threads in args.llama_threads:
                 for reuse in (True, False) if args.llama_reuse_off else (True,):
-                    sched = llama_cpp.create_llama_cpp_scheduler(
+                    sched = create_llama_cpp_scheduler(
                         gguf, binary, threads=threads, parallel=max(args.concurrency),
                         ctx_size=max(args.concurrency) * args.max_seq_len,
                         extra_args=() if reuse else ("--no-cache-prompt",),

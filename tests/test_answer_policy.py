@@ -17,7 +17,8 @@ from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.openai_compat_server import ServerThread, create_app
 from omni_rt.engine.request import AnswerPolicyParams as P
 from omni_rt.engine.request import parse_request
-from omni_rt.engine.testing import build_tiny_model, collect, send, wait_until
+from tiny_models import build_tiny_model
+from latency_bench.stage_driver import collect, send, wait_until
 
 LONG = ("The capital of France is Paris. It is a big city on the Seine. It has the Eiffel Tower, which is tall. "
         "Many people visit it every year.")

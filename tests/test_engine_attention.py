@@ -9,7 +9,7 @@ import torch
 from omni_rt.engine import weights
 from omni_rt.engine.attention import PACKED_GQA, packed_gqa_attention
 from omni_rt.engine.request import SamplingParams
-from omni_rt.engine.testing import build_tiny_model
+from tiny_models import build_tiny_model
 from omni_rt.engine.torch_engine import TorchEngine
 
 GREEDY = SamplingParams()
@@ -145,7 +145,7 @@ def test_scheduler_batches_concurrent_prefills(qwen2):
     what each answers alone (``model.generate``); a later one joining running answers is bounded by the
     while-decoding budget: rows x width never exceeds it."""
     from omni_rt.engine.factory import create_ar_scheduler
-    from omni_rt.engine.testing import collect, send
+    from latency_bench.stage_driver import collect, send
 
     prompts = [list(range(10, 15)), list(range(30, 42)), list(range(60, 80)), list(range(90, 99))]
     model = weights.load_model(qwen2)

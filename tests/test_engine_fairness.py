@@ -16,7 +16,7 @@ import pytest
 
 from omni_rt.engine import weights
 from omni_rt.engine.factory import create_ar_scheduler
-from omni_rt.engine.testing import collect, send, wait_until
+from latency_bench.stage_driver import collect, send, wait_until
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."}
 QUESTION = {"role": "user", "content": "What is the capital of France?"}
@@ -210,7 +210,7 @@ def test_chunked_interleaved_prefill_matches_one_at_a_time_greedy(tmp_path, stat
     where a decode step also writes the bucket's free rows)."""
     import torch
 
-    from omni_rt.engine.testing import build_tiny_model
+    from tiny_models import build_tiny_model
 
     path = build_tiny_model("llama", tmp_path / "m")
     model = weights.load_model(path)

@@ -18,7 +18,7 @@ import pytest
 from omni_rt.engine import llama_cpp
 from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.request import parse_request
-from omni_rt.engine.testing import collect, send, wait_until
+from latency_bench.stage_driver import collect, send, wait_until
 
 SYSTEM = {"role": "system", "content": "You are a helpful voice assistant. Answer in one short sentence."}
 
@@ -251,7 +251,7 @@ def test_server_dies_with_a_killed_parent(binary, tmp_path):
 
     code = (
         "import sys, time\n"
-        "from omni_rt.engine.llama_cpp import LlamaServer\n"
+        "from omni_rt.engine.llama_server import LlamaServer\n"
         "from omni_rt.engine.smollm2 import packaged_gguf_path\n"
         f"s = LlamaServer({str(binary)!r}, packaged_gguf_path(), parallel=1, ctx_size=512)\n"
         "s.start(); print(s.proc.pid, flush=True); time.sleep(120)\n"

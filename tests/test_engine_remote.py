@@ -12,7 +12,8 @@ import pytest
 from omni_rt.engine import weights
 from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.openai_compat_server import ServerThread, create_app
-from omni_rt.engine.testing import build_tiny_model, collect, send, wait_until
+from tiny_models import build_tiny_model
+from latency_bench.stage_driver import collect, send, wait_until
 
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}]
 

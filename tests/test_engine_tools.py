@@ -19,10 +19,11 @@ from omni_rt.engine import weights
 from omni_rt.engine.constrained import GrammarFactory, answer_grammar, call_grammar, closed
 from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.openai_compat_server import ServerThread, create_app
-from omni_rt.engine.testing import build_tiny_model, collect, send, wait_until
-from omni_rt.engine.tools import (
-    ToolCallParser, answered_tools, callable_tools, detect_format, parse_tool_choice, render_prompt, validate_tools,
-)
+from tiny_models import build_tiny_model
+from latency_bench.stage_driver import collect, send, wait_until
+from omni_rt.engine.tool_parser import ToolCallParser
+from omni_rt.engine.tool_prompt import detect_format, render_prompt
+from omni_rt.engine.tool_schema import answered_tools, callable_tools, parse_tool_choice, validate_tools
 from omni_rt.contracts.payloads import ToolCallDelta, ToolCallDone, text_of
 
 WEATHER = {

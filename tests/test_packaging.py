@@ -35,6 +35,7 @@ def installed(tmp_path_factory) -> Path:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"omni_rt", wheel.name.split("-py3")[0].replace("omni_rt-", "omni_rt-") + ".dist-info"}, names
     assert "omni_rt/_web/index.html" in names and "omni_rt/_presets/cpu.yaml" in names
+    assert not [n for n in names if n.endswith(("/testing.py", "/stage_driver.py", "/tiny_models.py"))], names  # test helpers stay out
     venv = tmp / "venv"
     run(sys.executable, "-m", "venv", str(venv))
     py = str(venv / "bin" / "python")
@@ -125,6 +126,7 @@ def test_wheel_serves_any_gguf_or_openai_server_as_the_thinker(installed, tmp_pa
     """``--thinker`` from the fresh venv: a wrong path is one line and exit 2; a GGUF at another path and a
     llama-server on 127.0.0.1 (the one scripts/install.sh builds) each answer a turn."""
     from omni_rt.engine import llama_cpp
+    from omni_rt.engine.llama_server import LlamaServer
     from omni_rt.engine.smollm2 import packaged_gguf_path
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -138,7 +140,7 @@ def test_wheel_serves_any_gguf_or_openai_server_as_the_thinker(installed, tmp_pa
     model = tmp_path / "my-thinker.gguf"
     model.symlink_to(packaged_gguf_path())
     assert "paris" in _serve_installed_turn(installed, tmp_path, "--thinker", str(model)).lower()
-    upstream = llama_cpp.LlamaServer(binary, packaged_gguf_path(), threads=1, parallel=2, ctx_size=2048,
+    upstream = LlamaServer(binary, packaged_gguf_path(), threads=1, parallel=2, ctx_size=2048,
                                      cache_ram_mib=0, log_path=tmp_path / "upstream.log")
     upstream.start()
     try:

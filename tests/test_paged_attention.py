@@ -11,7 +11,7 @@ from omni_rt.engine import weights
 from omni_rt.engine.kv_cache import SlotKVCache
 from omni_rt.engine.paged_attention import GatherDecode, flashinfer_available, page_tables
 from omni_rt.engine.request import SamplingParams
-from omni_rt.engine.testing import build_tiny_model
+from tiny_models import build_tiny_model
 from omni_rt.engine.torch_engine import TorchEngine
 
 GREEDY = SamplingParams()

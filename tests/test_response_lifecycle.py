@@ -366,7 +366,7 @@ def llama_sched():
 
 
 def _ask(s, rid: str, messages: list[dict], **kw) -> dict:
-    from omni_rt.engine.testing import collect, send
+    from latency_bench.stage_driver import collect, send
 
     send(s, rid, {"messages": messages, "session_id": rid, **kw})
     return collect(s, [rid], timeout=120)[rid]

@@ -13,7 +13,8 @@ from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.language import steer_messages, vocab_mask
 from omni_rt.engine.request import SamplingParams, parse_request
 from omni_rt.engine.sampling import SlotSampler, no_repeat_ngram_ban
-from omni_rt.engine.testing import build_tiny_model, collect, send
+from tiny_models import build_tiny_model
+from latency_bench.stage_driver import collect, send
 
 V = 64
 

@@ -20,6 +20,7 @@ from conftest import ROOT, free_port, start_server, stop_server
 from test_realtime_tools import Client
 
 from omni_rt.engine import llama_cpp
+from omni_rt.engine.llama_server import LlamaServer
 from omni_rt.engine.openai_compat_server import ServerThread
 from omni_rt.engine.thinker_choice import ThinkerError, thinker_args
 from omni_rt.engine.smollm2 import packaged_gguf_path
@@ -117,7 +118,7 @@ async def test_serve_with_a_local_gguf(tmp_path, binary):
 
 
 async def test_serve_with_an_openai_compatible_server(tmp_path, binary):
-    upstream = llama_cpp.LlamaServer(binary, packaged_gguf_path(), threads=1, parallel=2, ctx_size=2048,
+    upstream = LlamaServer(binary, packaged_gguf_path(), threads=1, parallel=2, ctx_size=2048,
                                      cache_ram_mib=0, log_path=tmp_path / "upstream.log")
     upstream.start()
     try:

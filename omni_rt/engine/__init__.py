@@ -8,9 +8,10 @@ Message contract (every backend: built-in ``ARScheduler``, ``RemoteScheduler``, 
   ``no_repeat_ngram_size``, ``seed`` (absent = the preset's ``sampling`` default), ``answer_policy``
   (``{"max_sentences", "max_words"}``; absent = the preset's; see ``answer_policy``), ``stop`` (strings),
   ``stop_token_ids``, ``ignore_eos``, ``output`` ("text" | "tokens"); function calling
-  (``omni_rt.engine.tools``): ``tools`` (Realtime flat function tools), ``tool_choice`` (auto | none | required |
-  {"type": "function", "name"}; forced ones decode under a JSON-schema grammar), ``parallel_tool_calls``, and
-  OpenAI chat tool messages (assistant ``tool_calls``, role ``tool``).
+  (``omni_rt.engine.tool_schema``, ``tool_prompt``, ``tool_parser``): ``tools`` (Realtime flat function
+  tools), ``tool_choice`` (auto | none | required | {"type": "function", "name"}; forced ones decode under a
+  JSON-schema grammar), ``parallel_tool_calls``, and OpenAI chat tool messages (assistant ``tool_calls``,
+  role ``tool``).
 - ``stream`` out (``omni_rt.contracts.payloads``): ``TextDelta(text, token_ids)`` as tokens are produced (text
   never splits a character nor leaks the start of a stop string; with an answer policy, exactly what will be
   spoken). A tool call streams as ``ToolCallDelta(index, call_id, name, arguments_delta)`` and, once its

@@ -28,13 +28,20 @@ As a ``stream_to`` target (the codec LM after ``omni_rt.stages.speech_prompts``)
 ``SpeechPrompt``: a request of its own, run in order per response and batched with everything else
 (``omni_rt.engine.segments``); the tokens of ``output: tokens`` requests leave as ``TokenDelta``.
 
+The scheduler is the policy (admission, prefill chunking, reaping, prefix restore); what a request becomes
+is ``sequence_builder.SequenceBuilder`` (prompt fitting, budgets, limits), how a tool request decodes is
+``tool_decoding.ToolDecoding`` (parser, grammar, the step's mask), and what leaves for each sampled token is
+``token_publisher.TokenPublisher`` (tool-call split, answer policy, stream/result messages). Why this module
+is still ~550 lines: what is left is one concept, the slot policy, whose steps (admit, chunk, join, reap,
+restore, free) all read and write the same row/slot/prefill-position state; cut apart they would share it
+through a wide interface again.
+
 ``session_close`` (a closed WebSocket) drops the session's stored prefix and makes any request of that
 session still in flight skip storing its KV when it ends, so a dead session never holds cache.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import time
@@ -44,18 +51,16 @@ from typing import Any
 
 from omni_rt.core.messages import IncomingMessage
 from omni_rt.core.scheduler import ThreadedScheduler
-from omni_rt.engine.answer_policy import AnswerPolicy
-from omni_rt.engine.constrained import forces_call
-from omni_rt.engine.detokenize import TextStream
-from omni_rt.engine.history import HistoryWindow, request_error_code
-from omni_rt.engine.language import check_languages, steer_messages, vocab_bias
+from omni_rt.engine.history import request_error_code
+from omni_rt.engine.language import vocab_bias
 from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
-from omni_rt.engine.request import _num, parse_answer_policy, parse_request, parse_sampling
 from omni_rt.engine.segments import SegmentedRequests
 from omni_rt.engine.sequence import Sequence
-from omni_rt.engine.tools import ToolStream, callable_tools, detect_format, render_prompt
+from omni_rt.engine.sequence_builder import SequenceBuilder
+from omni_rt.engine.token_publisher import TokenPublisher
+from omni_rt.engine.tool_decoding import ToolDecoding
 from omni_rt.engine.torch_engine import PrefillItem, TorchEngine
-from omni_rt.contracts.payloads import SpeechPrompt, TextDelta, TokenDelta
+from omni_rt.contracts.payloads import SpeechPrompt, TokenDelta
 
 log = logging.getLogger(__name__)
 
@@ -108,23 +113,23 @@ class ARScheduler(ThreadedScheduler):
         self.async_decode = async_decode
         self.prefix_reuse = prefix_reuse
         self.prefix_store = PrefixStore(kv_budget_tokens)
-        self.default_max_tokens = default_max_tokens
-        parse_sampling({}, sampling)  # a bad preset default fails at start-up, not on every request
-        self.sampling_defaults = dict(sampling or {})
-        self.default_policy = parse_answer_policy(answer_policy)
-        self.languages = check_languages(languages)
-        bias = vocab_bias(tokenizer, self.languages, engine.vocab_size)
+        # input processing (request -> prompt -> Sequence), tool grammars, output processing (token -> messages)
+        self.inputs = SequenceBuilder(
+            tokenizer, vocab_size=engine.vocab_size, max_seq_len=engine.max_seq_len, slots=engine.max_batch_size,
+            model_eos_ids=engine.eos_token_ids, name=name, kv_budget_tokens=kv_budget_tokens,
+            history_tokens=history_tokens, default_max_tokens=default_max_tokens, sampling=sampling,
+            answer_policy=answer_policy, languages=languages,
+        )
+        self.history = self.inputs.history  # the session token budget (read by cache_state, tests, the session)
+        self.eos_token_ids = self.inputs.eos_token_ids
+        bias = vocab_bias(tokenizer, self.inputs.languages, engine.vocab_size)
         engine.sampler.vocab_bias = None if bias is None else bias.to(engine.device)
-        self._policies: dict[str, AnswerPolicy] = {}
-        eos = set(engine.eos_token_ids)
-        if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-            eos.add(tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos)
+        self.tools = ToolDecoding(tokenizer, engine.vocab_size, self.eos_token_ids, engine.device)
+        self.output = TokenPublisher(self.emit, self.emit_error)
         self.metrics = {"decode_steps": 0, "decode_s": 0.0, "decode_rows": 0, "prefill_tokens": 0, "prefill_s": 0.0}
         self._waiting: deque[Sequence] = deque()
         self._rows: list[Sequence] = []  # invariant: self._rows[i].slot == i
         self._live: dict[str, Sequence] = {}
-        self._grammars = None  # constrained.GrammarFactory, built on the first forced tool choice
         if prefill_chunk_tokens is None:
             prefill_chunk_tokens = 64 if engine.device.type == "cpu" else 512
         if prefill_chunk_tokens < 1:
@@ -134,8 +139,6 @@ class ARScheduler(ThreadedScheduler):
         self._prefilling: list[Sequence] = []  # hold slots above the decode rows until their last chunk
         self._prefill_pos: dict[str, int] = {}  # request id -> prompt tokens already in its slot's KV
         self._closed: OrderedDict[str, None] = OrderedDict()
-        self.history = HistoryWindow(tokenizer, engine.max_seq_len, kv_tokens=kv_budget_tokens, slots=engine.max_batch_size,
-                                     session_tokens=history_tokens, name=name) if tokenizer is not None else None
         self.stream_sources: list[str] = []
         self._segments = SegmentedRequests()
 
@@ -208,7 +211,7 @@ class ARScheduler(ThreadedScheduler):
             self.emit_error(owner, exc, code=code)
         self._segments.owner.clear()
         self._live.clear()
-        self._policies.clear()
+        self.output.clear()
         self._waiting.clear()
         self._rows = []
         self._prefilling = []
@@ -217,7 +220,7 @@ class ARScheduler(ThreadedScheduler):
 
     def _decode(self, rows: list[Sequence]) -> list[int]:
         t0 = time.perf_counter()
-        mask = self._grammar_mask(rows)
+        mask = self.tools.mask(rows)
         kw = {"mask": mask} if mask is not None else {}
         tokens = self.engine.decode(len(rows), None, None, **kw)  # sampling state lives per slot in the engine
         m = self.metrics
@@ -230,9 +233,7 @@ class ARScheduler(ThreadedScheduler):
         """Finish a decode step; a failing step fails the requests in it (it cannot be attributed to one)."""
         try:
             tokens = future.result() if future is not None else self._decode(rows)
-            for seq, tok in zip(rows, tokens):  # grammars advance before the next step's mask is built
-                if seq.tools is not None and seq.tools.grammar is not None and not seq.finished:
-                    seq.tools.grammar.consume(tok)
+            self.tools.advance(rows, tokens)  # grammars advance before the next step's mask is built
             return tokens
         except Exception as exc:
             for seq in rows:
@@ -307,10 +308,12 @@ class ARScheduler(ThreadedScheduler):
             self.emit_error(rid, f"request id {rid!r} is already running", code="duplicate_request")
             return
         try:
-            seq = self._make_sequence(rid, data)
+            seq = self.inputs.build(rid, data)
+            seq.tools = self.tools.stream_for(seq.req)
         except Exception as exc:
             self.emit_error(rid, exc, code=request_error_code(exc))
             return
+        self.output.open(seq)
         self._live[rid] = seq
         self._waiting.append(seq)
 
@@ -322,9 +325,9 @@ class ARScheduler(ThreadedScheduler):
         if seq in self._waiting:
             self._waiting.remove(seq)
             del self._live[rid]
-        self.emit(rid, "result", self._result(seq))  # a running one frees its slot at the next reap
+        self.emit(rid, "result", self.output.result(seq))  # a running one frees its slot at the next reap
         if rid not in self._live:
-            self._policies.pop(rid, None)
+            self.output.forget(rid)
 
     # ------------------------------------------------------------------ streamed requests (segments)
     def _start_segment(self, owner: str) -> None:
@@ -361,68 +364,6 @@ class ARScheduler(ThreadedScheduler):
     def close_session(self, session_id: str) -> None:
         self.inbox.put(IncomingMessage(session_id, "session_close"))
 
-    def _make_sequence(self, rid: str, data: Any) -> Sequence:
-        req = parse_request(data, self.default_max_tokens, self.sampling_defaults, self.default_policy)
-        if req.tools and forces_call(req.tool_choice):
-            # a forced call is JSON under a grammar, not a spoken answer: no repetition controls (as on llama.cpp).
-            # With the preset's repetition_penalty 1.2 SmolLM2 filled get_weather's city with '");' instead of
-            # the 'Lisbon' a tool output had just given; a no-repeat n-gram ban fights the call's fixed framing
-            req.sampling = dataclasses.replace(req.sampling, repetition_penalty=1.0, frequency_penalty=0.0,
-                                               presence_penalty=0.0, no_repeat_ngram_size=0)
-        tok = self.tokenizer
-        if req.messages is not None:
-            req.messages = steer_messages(req.messages, self.languages)
-            if tok is None:
-                raise ValueError("'messages' need a tokenizer; this engine has none (send 'prompt_ids')")
-            budget = self.history.prompt_budget(req.max_tokens, _num(data, "max_prompt_tokens", int, None, 1))
-            _, prompt_ids = self.history.fit(req.session_id, req.messages, budget,
-                                             render=lambda msgs: render_prompt(tok, msgs, req.tools, req.tool_choice))
-        else:
-            prompt_ids = req.prompt_ids
-        if max(prompt_ids) >= self.engine.vocab_size:
-            raise ValueError(f"token id {max(prompt_ids)} is outside the model's vocabulary ({self.engine.vocab_size})")
-        if req.stop and tok is None:
-            raise ValueError("'stop' strings need a tokenizer")
-        room = self.engine.max_seq_len - len(prompt_ids) - 1  # one position spare for the lookahead step
-        if room < 1:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit max_seq_len={self.engine.max_seq_len}")
-        req.max_tokens = min(req.max_tokens, room)
-        stop_ids = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else self.eos_token_ids)
-        text = TextStream(tok, req.stop) if tok is not None and req.output == "text" else None
-        if text is not None and req.answer_policy is not None:
-            self._policies[rid] = AnswerPolicy(req.answer_policy)
-        seq = Sequence(rid, req, prompt_ids, stop_ids, text)
-        seq.tools = self._tool_stream(req)
-        return seq
-
-    def _tool_stream(self, req) -> ToolStream | None:
-        """Parser (and, for a forced ``tool_choice``, grammar) of a request that offers tools."""
-        if not req.tools or req.tool_choice == "none":
-            return None
-        if req.messages is None or req.output != "text":
-            raise ValueError("'tools' need a 'messages' request with text output")
-        fmt = detect_format(self.tokenizer)
-        if self._grammars is None:  # a session offering tools may force a call next: get the grammar ready
-            from omni_rt.engine.constrained import GrammarFactory
-
-            self._grammars = GrammarFactory(self.tokenizer, self.engine.vocab_size, self.eos_token_ids)
-            self._grammars.warm()
-        grammar = None
-        if forces_call(req.tool_choice):
-            grammar = self._grammars.for_tools(fmt, req.tools, req.tool_choice, bool(req.parallel_tool_calls))
-        elif (still := callable_tools(req.tools, req.tool_choice, req.messages)) is not None:
-            grammar = self._grammars.for_answer(fmt, still)  # an answered call is not made again (tools.py)
-        return ToolStream(fmt, grammar)
-
-    def _grammar_mask(self, rows: list[Sequence]):
-        """[B, V] bool mask of the rows' grammars, or None when no row is constrained."""
-        if not any(s.tools is not None and s.tools.grammar is not None for s in rows):
-            return None
-        from omni_rt.engine.constrained import batch_mask
-
-        grammars = [s.tools.grammar if s.tools is not None else None for s in rows]
-        return batch_mask(grammars, self.engine.vocab_size, self.engine.device)
-
     # ------------------------------------------------------------------ slots
     def _admit(self) -> None:
         """Spend a bounded number of prefill tokens this iteration, fewest tokens left first; concurrent
@@ -446,7 +387,7 @@ class ARScheduler(ThreadedScheduler):
                     start = self._prefill_pos[rid]
                     end = min(len(seq.prompt_ids), start + width)
                     last = end == len(seq.prompt_ids)
-                    mask = self._grammar_mask([seq]) if last else None
+                    mask = self.tools.mask([seq]) if last else None
                 except Exception as exc:
                     self._prefill_failed(seq, exc)
                     continue
@@ -462,7 +403,7 @@ class ARScheduler(ThreadedScheduler):
                     if it.mask is not None:
                         seq.tools.grammar.consume(tok)
                     self._join_rows(seq)
-                    self._publish(seq, tok)
+                    self.output.publish(seq, tok)
             self.metrics["prefill_s"] += time.perf_counter() - t0
 
     def _prefill_items(self, seqs: list[Sequence], items: list[PrefillItem]):
@@ -489,7 +430,7 @@ class ARScheduler(ThreadedScheduler):
             self.engine.release(seq.slot)
         self._prefill_pos.pop(rid, None)
         self._live.pop(rid, None)
-        self._policies.pop(rid, None)
+        self.output.forget(rid)
         self.emit_error(rid, exc, code="prefill_error")
 
     def _next_prefills(self, budget: int) -> tuple[list[Sequence], int]:
@@ -589,7 +530,7 @@ class ARScheduler(ThreadedScheduler):
             self.prefix_store.put(sid, fed, self.engine.export_kv(seq.slot, len(fed)))
         self.engine.release(seq.slot)
         self._live.pop(seq.request_id, None)
-        self._policies.pop(seq.request_id, None)
+        self.output.forget(seq.request_id)
         self._prefill_pos.pop(seq.request_id, None)
 
     def _close_session(self, sid: str) -> None:
@@ -605,46 +546,4 @@ class ARScheduler(ThreadedScheduler):
     def _host_work(self, rows: list[Sequence], tokens: list[int]) -> None:
         for seq, tok in zip(rows, tokens):
             if not seq.finished:  # a finished row's lookahead token is discarded
-                self._publish(seq, tok)
-
-    def _publish(self, seq: Sequence, tok: int) -> None:
-        try:
-            text, ids = seq.on_token(tok)
-        except Exception as exc:
-            seq.finish_reason = "error"
-            self.emit_error(seq.request_id, exc, code="detokenize_error")
-            return
-        # tool calls are split out of the text first (the talker only sees TextDelta); the voice answer policy
-        # then decides what of the spoken text leaves the thinker, and when the answer stops
-        if seq.req.output == "tokens":
-            pending = len(seq.out_ids) - seq.tokens_streamed
-            if pending and (pending >= seq.req.token_chunk or seq.finished):
-                self.emit(seq.request_id, "stream", TokenDelta(seq.out_ids[seq.tokens_streamed:]))
-                seq.tokens_streamed = len(seq.out_ids)
-            if seq.finished:
-                self.emit(seq.request_id, "result", self._result(seq))
-            return
-        chunks = seq.tools.chunks(text, ids, final=seq.finished) if seq.tools is not None else [TextDelta(text, ids)]
-        policy = self._policies.get(seq.request_id)
-        if policy is not None:
-            stop = False
-            for chunk in chunks:
-                if isinstance(chunk, TextDelta):
-                    chunk.text, stop = ("", stop) if stop else policy.feed(chunk.text)
-            if stop and not seq.finished:
-                seq.finish_reason = "policy"
-            elif seq.finished and not stop:
-                chunks.append(TextDelta(policy.finish(seq.finish_reason), []))
-        for chunk in chunks:
-            if not isinstance(chunk, TextDelta) or chunk.text or chunk.token_ids:
-                self.emit(seq.request_id, "stream", chunk)
-        if seq.finished:
-            self.emit(seq.request_id, "result", self._result(seq))
-
-    def _result(self, seq: Sequence) -> dict[str, Any]:
-        """The result payload; its text is what the policy released (exactly what was streamed)."""
-        out = seq.result()
-        policy = self._policies.get(seq.request_id)
-        if policy is not None:
-            out["text"] = policy.spoken
-        return out
+                self.output.publish(seq, tok)

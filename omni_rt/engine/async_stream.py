@@ -22,7 +22,8 @@ from omni_rt.engine.answer_policy import AnswerPolicy
 from omni_rt.engine.history import HistoryWindow, request_error_code
 from omni_rt.engine.language import check_languages, steer_messages
 from omni_rt.engine.request import GenRequest, _num, parse_answer_policy, parse_request, parse_sampling, result_payload
-from omni_rt.engine.tools import ToolStream, UpstreamToolCalls, detect_format, render_prompt
+from omni_rt.engine.tool_parser import ToolStream, UpstreamToolCalls
+from omni_rt.engine.tool_prompt import detect_format, render_prompt
 from omni_rt.contracts.payloads import TextDelta
 
 

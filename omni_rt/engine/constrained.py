@@ -130,7 +130,7 @@ SPOKEN_TEXT = r"/[^\s<{;][^<]*/"
 
 
 def answer_grammar(fmt: str, tools: list[dict]) -> str:
-    """``auto`` once a tool's output is in (``tools.callable_tools``): the answer is spoken text, or one call
+    """``auto`` once a tool's output is in (``tool_schema.callable_tools``): the answer is spoken text, or one call
     of a tool still callable. With none left this masks the call opener: the answer is what the user hears."""
     if not tools:
         return f"start: TEXT\nTEXT: {SPOKEN_TEXT}\n"

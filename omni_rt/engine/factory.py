@@ -83,10 +83,11 @@ def create_ar_scheduler(
         root = backend_kwargs.pop("llama_cpp_root", None)  # the binary cache (tests point it at an empty dir)
         binary = llama_cpp.locate_binary(root)
         if binary is not None:
+            from omni_rt.engine.llama_cpp_scheduler import create_llama_cpp_scheduler
             from omni_rt.engine.smollm2 import ensure_f16_gguf
 
             gguf = ensure_f16_gguf() if model == "smollm2" else Path(model)
-            return llama_cpp.create_llama_cpp_scheduler(
+            return create_llama_cpp_scheduler(
                 gguf,
                 binary,
                 name=name,

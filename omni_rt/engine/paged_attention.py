@@ -16,6 +16,9 @@ Two readers of the same page tables:
   torch, any device. It is what FlashInfer is checked against (the CPU tests prove the page tables and
   the cache plumbing with it; on a GPU, ``latency_bench.gpu`` compares the two), not a fast path.
 
+``reader_for`` picks the reader an engine's ``attention`` setting asks for (or none, where ``"auto"`` finds no
+working FlashInfer or the model's attention is one a page reader cannot reproduce).
+
 Prefill is unchanged (packed-GQA SDPA over the slot's head-major view): FlashInfer is used for decode only.
 The engine passes its reader to the model as the ``paged_decode`` keyword, which transformers forwards to
 the attention function (checked in 5.17 and 5.24); a call without it is an ordinary packed-GQA call.
@@ -24,13 +27,16 @@ the attention function (checked in 5.17 and 5.24); a call without it is an ordin
 from __future__ import annotations
 
 import importlib.util
+import logging
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
 import torch
 
-from omni_rt.engine.attention import packed_gqa_attention
+from omni_rt.engine.attention import SDPA_FAMILY, packed_gqa_attention
+
+log = logging.getLogger(__name__)
 
 PAGED_DECODE = "omni_paged_decode"
 PAGE_SIZE = 16  # FlashInfer's common page size: small enough that a row wastes < 16 positions
@@ -195,3 +201,53 @@ def paged_decode_attention(module, query, key, value, attention_mask, dropout=0.
         return paged_decode.run(module, query, key, value, scaling), None
     return packed_gqa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                 is_causal=is_causal, **kwargs)
+
+
+# ------------------------------------------------------------------ which reader serves a model
+def paged_unsupported(cfg) -> str | None:
+    """Why a paged decode reader cannot serve this model (it reads whole pages with plain softmax), or None."""
+    if getattr(cfg, "use_sliding_window", False) or (
+        getattr(cfg, "sliding_window", None) and "use_sliding_window" not in cfg.to_dict()
+    ):
+        return "does not apply sliding-window attention (the model's config uses it)"
+    if getattr(cfg, "attn_logit_softcapping", None):
+        return "does not apply attention soft-capping (the model's config uses it)"
+    return None
+
+
+def reader_for(attention: str, model, cfg, attn: str, *, heads: int, kv_heads: int, head_dim: int, device: torch.device,
+               dtype: torch.dtype, max_seq_len: int, static_kv: bool, cuda_graphs: bool) -> PagedDecode | None:
+    """The paged decode reader ``attention`` asks for; None where ``"auto"`` finds no working FlashInfer
+    (not CUDA, not installed, or its kernels fail to build or run: then the warning says why)."""
+    sdpa_like = attn in SDPA_FAMILY
+    problem = paged_unsupported(cfg)
+    if attention == "paged_sdpa":
+        if problem is None and not sdpa_like:
+            problem = f"needs an SDPA model, not {attn!r}"
+        if problem is not None:
+            raise ValueError(f"attention='paged_sdpa' {problem}")
+        return GatherDecode(PAGE_SIZE, device)
+    if problem is None and device.type != "cuda":
+        problem = f"needs a CUDA device (the model is on {device.type})"
+    elif problem is None and not flashinfer_available():
+        problem = "needs FlashInfer: pip install 'omni-rt[gpu]'"
+    elif problem is None and not sdpa_like:
+        problem = f"needs an SDPA model, not {attn!r}"
+    if problem is not None:
+        if attention == "auto":
+            return None
+        raise ValueError(f"attention='flashinfer' {problem}")
+    # the decoder layers' softmax scale (attention modules carry layer_idx); run() checks every layer's
+    scaling = next((m.scaling for m in model.modules()
+                    if hasattr(m, "layer_idx") and isinstance(getattr(m, "scaling", None), float)), None)
+    try:
+        return probe_flashinfer(
+            num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, page_size=PAGE_SIZE,
+            pages_per_row=-(-max_seq_len // PAGE_SIZE), dtype=dtype, device=device,
+            cuda_graphs=cuda_graphs and static_kv, scaling=scaling,
+        )
+    except Exception as exc:  # JIT build without nvcc, an unsupported head_dim or dtype, ...
+        if attention != "auto":
+            raise
+        log.warning("FlashInfer decode unavailable (%s: %s); using packed-GQA SDPA", type(exc).__name__, exc)
+        return None

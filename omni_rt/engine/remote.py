@@ -20,7 +20,8 @@ import httpx
 from omni_rt.engine.async_stream import AsyncStreamScheduler, Delta, UpstreamError
 from omni_rt.engine.history import HistoryWindow
 from omni_rt.engine.request import GenRequest, SamplingParams
-from omni_rt.engine.tools import callable_tools, chat_tools
+from omni_rt.engine.tool_prompt import chat_tools
+from omni_rt.engine.tool_schema import callable_tools
 
 _RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError, httpx.ReadError)
 
@@ -83,7 +84,7 @@ def request_body(req: GenRequest, model: str, dialect: Dialect = "openai") -> di
     if req.output == "tokens":
         body["return_token_ids"] = True
     # "none": no tools offered at all, as the built-in engine does; under "auto" a tool whose call this turn
-    # already has its output is not offered again (tools.callable_tools), so the answer after it is spoken
+    # already has its output is not offered again (tool_schema.callable_tools), so the answer after it is spoken
     still = callable_tools(req.tools, req.tool_choice, req.messages)
     offered = req.tools if still is None else still
     if offered and req.tool_choice != "none":

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omni_rt.engine.tools import check_message, parse_tool_choice, validate_tools
+from omni_rt.engine.tool_schema import check_message, parse_tool_choice, validate_tools
 
 OutputMode = Literal["text", "tokens"]
 
@@ -63,7 +63,7 @@ class GenRequest:
     ignore_eos: bool = False
     output: OutputMode = "text"
     token_chunk: int = 1  # tokens mode: stream ids in chunks of this many (a codec LM's 7-code frame: 1 message, not 7)
-    tools: list[dict[str, Any]] | None = None  # Realtime flat function tools (omni_rt.engine.tools)
+    tools: list[dict[str, Any]] | None = None  # Realtime flat function tools (omni_rt.engine.tool_schema)
     tool_choice: Any = "auto"  # "auto" | "none" | "required" | {"type": "function", "name": str}
     parallel_tool_calls: bool | None = None  # a forced choice decodes one call unless True
     answer_policy: AnswerPolicyParams | None = None  # None: raw text, no voice policy (a plain LM request)

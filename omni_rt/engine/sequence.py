@@ -28,7 +28,7 @@ class Sequence:
     finish_reason: str | None = None
     first_token_at: float | None = None
     cached_tokens: int = 0
-    tools: Any = None  # omni_rt.engine.tools.ToolStream when the request offers tools
+    tools: Any = None  # omni_rt.engine.tool_parser.ToolStream when the request offers tools
 
     @property
     def finished(self) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator
 
 from omni_rt.engine.async_stream import AsyncStreamScheduler, Delta
 from omni_rt.engine.request import GenRequest
-from omni_rt.engine.tools import render_prompt
+from omni_rt.engine.tool_prompt import render_prompt
 
 log = logging.getLogger(__name__)
 

@@ -147,7 +147,7 @@ def _gguf(spec: str, shown: str | None = None) -> dict[str, Any]:
     if not template or not template.strip():
         raise ThinkerError(f"{where}: the model has no chat template (no tokenizer.chat_template in its GGUF "
                            "metadata); use the GGUF of an instruct/chat model")
-    if "tools" not in template:  # what the model cannot do is said at start-up (tools.detect_format's test)
+    if "tools" not in template:  # what the model cannot do is said at start-up (tool_prompt.detect_format's test)
         log.info("%s: its chat template renders no tools; function tools go through omni-rt's own tool prompt "
                  "(Hermes-style <tool_call> blocks), as for SmolLM2", where)
     resolved = str(path.resolve())

@@ -15,6 +15,12 @@ On CPU the buffer grows on demand and each step reads only ``max(len)+1`` positi
 preallocated at ``max_seq_len`` so a decode step is a fixed-address CUDA graph (eager costs ~27 ms/step
 whatever the model size; graphs 3–7 ms), one graph per batch bucket x context bucket, so a step attends over
 the used context rounded up to a bucket, not over all ``max_seq_len`` positions.
+
+Why this module is over 400 lines: it is one concept, the engine's slots and the forwards over them. Prefill,
+decode, the CUDA graphs and slot moves all address the same preallocated buffers (KV, per-slot tokens and
+positions, the graphs' shared logits), and a graph replays exactly what the eager decode step does, so they
+stay side by side. Which paged decode reader serves a model is ``paged_attention.reader_for``; the KV layout
+is ``kv_cache``, sampling ``sampling``.
 """
 
 from __future__ import annotations
@@ -30,14 +36,7 @@ import torch
 from omni_rt.engine.attention import PACKED_GQA, SDPA_FAMILY, switch_attention
 from omni_rt.engine.kv_cache import KVBlob, SlotKVCache
 from omni_rt.engine.paged_attention import (
-    PAGE_SIZE,
-    PAGED_DECODE,
-    GatherDecode,
-    PagedDecode,
-    flashinfer_available,
-    page_tables,
-    paged_decode_attention,
-    probe_flashinfer,
+    PAGE_SIZE, PAGED_DECODE, PagedDecode, page_tables, paged_decode_attention, reader_for,
 )
 from omni_rt.engine.request import SamplingParams
 from omni_rt.engine.sampling import SlotSampler
@@ -46,17 +45,6 @@ log = logging.getLogger(__name__)
 
 _CPU_INITIAL_CAPACITY = 256
 _ATTENTIONS = ("auto", "packed_gqa", "sdpa", "flashinfer", "paged_sdpa")
-
-
-def _paged_unsupported(cfg) -> str | None:
-    """Why a paged decode reader cannot serve this model (it reads whole pages with plain softmax), or None."""
-    if getattr(cfg, "use_sliding_window", False) or (
-        getattr(cfg, "sliding_window", None) and "use_sliding_window" not in cfg.to_dict()
-    ):
-        return "does not apply sliding-window attention (the model's config uses it)"
-    if getattr(cfg, "attn_logit_softcapping", None):
-        return "does not apply attention soft-capping (the model's config uses it)"
-    return None
 
 
 def _eos_ids(model) -> set[int]:
@@ -132,7 +120,9 @@ class TorchEngine:
             if attention != "auto" and context_buckets is not None:
                 raise ValueError(f"context_buckets do not apply to attention={attention!r}: a paged decode step "
                                  "reads each row's own pages")
-            self.paged = self._paged_reader(attention, model, cfg, attn, heads, kv_heads, head_dim, cuda_graphs)
+            self.paged = reader_for(attention, model, cfg, attn, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                                    device=self.device, dtype=self.dtype, max_seq_len=self.max_seq_len,
+                                    static_kv=self.static_kv, cuda_graphs=cuda_graphs)
         # decode via the reader, prefill packed GQA
         if self.paged is not None and not switch_attention(model, PAGED_DECODE, paged_decode_attention):
             if attention != "auto":
@@ -171,43 +161,6 @@ class TorchEngine:
         self._graph_out: torch.Tensor | None = None  # [max_batch_size, V]: every graph writes its logits here
         if self.static_kv and on_gpu and cuda_graphs and (self.paged is None or self.paged.graphable):
             self._capture_graphs()
-
-    def _paged_reader(self, attention: str, model, cfg, attn: str, heads: int, kv_heads: int, head_dim: int,
-                      cuda_graphs: bool) -> PagedDecode | None:
-        """The paged decode reader ``attention`` asks for; None where ``"auto"`` finds no working FlashInfer
-        (not CUDA, not installed, or its kernels fail to build or run: then the warning says why)."""
-        sdpa_like = attn in SDPA_FAMILY
-        problem = _paged_unsupported(cfg)
-        if attention == "paged_sdpa":
-            if problem is None and not sdpa_like:
-                problem = f"needs an SDPA model, not {attn!r}"
-            if problem is not None:
-                raise ValueError(f"attention='paged_sdpa' {problem}")
-            return GatherDecode(PAGE_SIZE, self.device)
-        if problem is None and self.device.type != "cuda":
-            problem = f"needs a CUDA device (the model is on {self.device.type})"
-        elif problem is None and not flashinfer_available():
-            problem = "needs FlashInfer: pip install 'omni-rt[gpu]'"
-        elif problem is None and not sdpa_like:
-            problem = f"needs an SDPA model, not {attn!r}"
-        if problem is not None:
-            if attention == "auto":
-                return None
-            raise ValueError(f"attention='flashinfer' {problem}")
-        # the decoder layers' softmax scale (attention modules carry layer_idx); run() checks every layer's
-        scaling = next((m.scaling for m in model.modules()
-                        if hasattr(m, "layer_idx") and isinstance(getattr(m, "scaling", None), float)), None)
-        try:
-            return probe_flashinfer(
-                num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, page_size=PAGE_SIZE,
-                pages_per_row=-(-self.max_seq_len // PAGE_SIZE), dtype=self.dtype, device=self.device,
-                cuda_graphs=cuda_graphs and self.static_kv, scaling=scaling,
-            )
-        except Exception as exc:  # JIT build without nvcc, an unsupported head_dim or dtype, ...
-            if attention != "auto":
-                raise
-            log.warning("FlashInfer decode unavailable (%s: %s); using packed-GQA SDPA", type(exc).__name__, exc)
-            return None
 
     # ---------------------------------------------------------------- forward
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:

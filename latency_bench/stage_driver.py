@@ -1,60 +1,16 @@
-"""Test helpers: tiny random-init causal LMs saved like real checkpoints, and an outbox collector.
+"""Drive a stage from a script: put requests in its inbox, read its outbox until each has its answer.
 
-Useful to any stage test that needs a real (but instant) AR scheduler without weights from a hub.
+Used by the engine benchmark (``latency_bench.engine``) and by the stage tests (``tests/``), which run real
+schedulers this way; it lives here, outside ``omni_rt``, because the server never needs it.
 """
 
 from __future__ import annotations
 
 import queue
 import time
-from pathlib import Path
 from typing import Any, Iterable
 
-import torch
-
 from omni_rt.core.messages import IncomingMessage
-
-
-def build_tiny_model(
-    arch: str, out_dir: str | Path, *, vocab_size: int = 256, seed: int = 0, tokenizer: Any = None, **config: Any
-) -> Path:
-    """Save a 2-layer, hidden-64 ``llama`` or ``qwen2`` with random weights (GQA: 4 query / 2 KV heads);
-    ``config``: fields replaced (e.g. ``head_dim=64``).
-
-    ``initializer_range`` is large so greedy outputs vary from step to step instead of repeating one token.
-    """
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.2,
-        bos_token_id=1,
-        eos_token_id=0,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-        **config,
-    )
-    cls, cfg = {
-        "llama": (LlamaForCausalLM, LlamaConfig),
-        "qwen2": (Qwen2ForCausalLM, Qwen2Config),
-    }[arch]
-    if tokenizer is not None:
-        common.update(
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id
-        )
-    torch.manual_seed(seed)
-    model = cls(cfg(**common))
-    out = Path(out_dir)
-    model.save_pretrained(out)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
-    return out
 
 
 def send(scheduler: Any, request_id: str, data: dict[str, Any]) -> None:

@@ -1,0 +1,262 @@
+"""llama.cpp as the CPU thinker, part 3: the scheduler, a ``RemoteScheduler`` over a managed ``llama-server``.
+
+It owns the server process (``omni_rt.engine.llama_server``) through start/stop, picks each request's slot so
+a short new part goes first in every batch, sends the talker's language bias as ``logit_bias``, and renders
+tool prompts exactly as the built-in engine does for a model whose chat template has no tool support (with
+llama-server's ``json_schema``/GBNF grammars for forced and ``auto`` choices).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+from collections import OrderedDict
+from typing import Any, AsyncIterator, Sequence
+
+from omni_rt.engine.async_stream import Delta, UpstreamError
+from omni_rt.engine.constrained import closed, forced_tools, forces_call
+from omni_rt.engine.history import HistoryWindow
+from omni_rt.engine.llama_server import LlamaServer
+from omni_rt.engine.prefill_pieces import ShortPrefills, prefill_in_pieces
+from omni_rt.engine.remote import RemoteScheduler, request_body
+from omni_rt.engine.request import GenRequest
+from omni_rt.engine.tool_prompt import detect_format, render_prompt
+from omni_rt.engine.tool_schema import callable_tools
+
+log = logging.getLogger(__name__)
+
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>\n", "\n</tool_call>"  # the own tool format (omni_rt.engine.tool_prompt)
+FORCED_CALL_MAX_TOKENS = 384
+
+
+def forced_schema(req: GenRequest) -> dict[str, Any] | None:
+    """For ``required`` / a named ``tool_choice``: the JSON schema of one call object, else None."""
+    if not req.tools or not forces_call(req.tool_choice):
+        return None
+    options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                "properties": {"name": {"const": t["name"]},
+                               "arguments": closed(t.get("parameters") or {"type": "object"})}}
+               for t in forced_tools(req.tools, req.tool_choice)]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def language_logit_bias(tokenizer: Any, languages: tuple[str, ...]) -> list[list[Any]]:
+    """The built-in engine's language bias (``omni_rt.engine.language.vocab_bias``) as llama-server's
+    ``logit_bias``: ``[id, false]`` bans a token, ``[id, bias]`` adds to its logit. Sent with every request
+    (925 entries, ~10 KB, for English on SmolLM2): the server runs the GGUF of the very tokenizer the ids
+    come from, which a generic OpenAI-compatible upstream does not promise, so only this dialect gets it."""
+    if tokenizer is None or not languages:
+        return []
+    from omni_rt.engine.language import vocab_bias
+
+    bias = vocab_bias(tokenizer, languages, len(tokenizer))
+    if bias is None:
+        return []
+    ids = bias.nonzero().flatten().tolist()
+    return [[i, False if bias[i] == float("-inf") else round(float(bias[i]), 3)] for i in ids]
+
+
+def answer_gbnf(still: list[dict]) -> str:
+    """``auto`` once a tool's output is in (``tool_schema.callable_tools``), as llama.cpp GBNF: the built-in
+    engine's ``constrained.answer_grammar`` — spoken text without call markup, or one call (own format)
+    of a tool still callable, its arguments any JSON object — so the same answered call is not made again."""
+    text = r'text ::= [^<{; \t\n\r] [^<]*'
+    if not still:
+        return f"root ::= text\n{text}\n"
+    names = " | ".join(json.dumps(t["name"]) for t in still)
+    return "\n".join([
+        "root ::= text | call", text,
+        r'call ::= "<tool_call>\n{\"name\": \"" name "\", \"arguments\": " object "}\n</tool_call>"',
+        f"name ::= {names}",
+        r'object ::= "{" ws ( string ":" ws value ( "," ws string ":" ws value )* )? "}"',
+        r'value ::= object | array | string | number | "true" | "false" | "null"',
+        r'array ::= "[" ws ( value ( "," ws value )* )? "]"',
+        r'string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] ) )* "\""',
+        r'number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?',
+        'ws ::= " "?',
+    ]) + "\n"
+
+
+class LlamaCppScheduler(RemoteScheduler):
+    """``RemoteScheduler`` over a managed ``llama-server``: start/stop own the process, and an answer
+    broken by a crash fails with an error that says so (the supervisor restarts the server)."""
+
+    def __init__(self, server: LlamaServer, history_tokens: int | None = None, heavy_prefill_tokens: int = 64,
+                 prefill_piece_tokens: int | None = None, **kwargs: Any) -> None:
+        super().__init__(server.base_url + "/v1", **kwargs)
+        self.server = server
+        self.history_tokens = history_tokens
+        self._slot_of: dict[str, tuple[int, bool]] = {}  # request in flight -> (its llama-server slot, heavy)
+        self._last_slot: OrderedDict[str, int] = OrderedDict()  # session -> the slot its last request used
+        self.heavy_prefill_tokens = heavy_prefill_tokens
+        # a heavy prompt's new tokens go in pieces of one batch (omni_rt.engine.prefill_pieces); 0: off
+        self.prefill_piece_tokens = (server.batch_tokens or 0) if prefill_piece_tokens is None else prefill_piece_tokens
+        self.shorts = ShortPrefills()
+        self.logit_bias = language_logit_bias(self.tokenizer, self.languages)
+
+    @property  # type: ignore[override]
+    def base_url(self) -> str:  # follows the server if a restart had to move it to another port
+        return self.server.base_url + "/v1" if hasattr(self, "server") else self._base_url
+
+    @base_url.setter
+    def base_url(self, value: str) -> None:
+        self._base_url = value
+
+    def start(self) -> None:
+        self.server.start()
+        if self.tokenizer is not None:  # the server's real slot context and its KV shared by all slots
+            self.history = HistoryWindow(self.tokenizer, self.server.slot_context, kv_tokens=self.server.ctx_size,
+                                         slots=self.server.parallel, session_tokens=self.history_tokens, name=self.name)
+            log.info("%s: llama-server slot context %d tokens, %d slots over %d KV tokens: history budget %s",
+                     self.name, self.server.slot_context, self.server.parallel, self.server.ctx_size,
+                     self.history.describe())
+        super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        self.server.stop()
+
+    def _own_tool_prompt(self, req: GenRequest) -> bool:
+        """Tools, or tool messages in the history, for a model whose chat template has no tool support
+        (SmolLM2's): llama-server's generic tool format would differ from the built-in engine's, so the
+        prompt is rendered here exactly as the built-in engine renders it and sent as a completion."""
+        if self.tokenizer is None or req.messages is None or detect_format(self.tokenizer) != "own":
+            return False
+        has_tool_msgs = any(m.get("role") == "tool" or m.get("tool_calls") for m in req.messages)
+        return bool(req.tools and req.tool_choice != "none") or has_tool_msgs
+
+    def request(self, req: GenRequest, request_id: str | None = None) -> tuple[str, dict[str, Any]]:
+        path, body = self._request(req)
+        if self.logit_bias:
+            body["logit_bias"] = self.logit_bias
+        if request_id in self._slot_of:
+            body["id_slot"] = self._slot_of[request_id][0]
+        # its prefill/decode times on every chunk (~150 bytes each): the first token's split of
+        # waiting vs computing (async_stream.first_token_timing) is read from the first one
+        body["timings_per_token"] = True
+        return path, body
+
+    def _take_slot(self, request_id: str, req: GenRequest) -> tuple[list[int], int] | None:
+        """Pick the request's llama-server slot so a short new part goes first in every batch: llama-server
+        fills each batch of ``-b`` tokens slot by slot in slot order, so a bystander below a heavy prefill
+        gets its prompt and decode tokens into each batch and the prefill takes what is left. A session
+        keeps its last slot (its prefix is there) when that keeps the order; otherwise a short request takes
+        the lowest free slot, a long one (more than ``heavy_prefill_tokens`` new) the highest — llama-server
+        then saves that slot's prompt to its RAM cache and loads this session's from it. Returns the prompt
+        and how many of its tokens are new when a slot was taken, else None."""
+        ids = self.prompt_ids.pop(request_id, None)
+        if ids is None or self.history is None:
+            return None
+        sid = req.session_id
+        new = self.history.new_tokens(sid, ids)
+        heavy = new > self.heavy_prefill_tokens
+        busy = self._slot_of.values()
+        free = sorted(set(range(self.server.parallel)) - set(s for s, _ in busy))
+        if not free:
+            return None  # llama-server queues it for the first slot to free up
+        last = self._last_slot.get(sid) if sid else None
+        if heavy:
+            keep = last in free and all(s < last for s, h in busy if not h)
+            slot = last if keep else free[-1]
+        else:
+            keep = last in free and all(s > last for s, h in busy if h)
+            slot = last if keep else free[0]
+        self._slot_of[request_id] = (slot, heavy)
+        if sid:
+            self._last_slot[sid] = slot
+            self._last_slot.move_to_end(sid)
+            if len(self._last_slot) > 1024:
+                self._last_slot.popitem(last=False)
+        return ids, new
+
+    def close_session(self, session_id: str) -> None:
+        super().close_session(session_id)
+        self._last_slot.pop(session_id, None)
+
+    def _request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
+        if not self._own_tool_prompt(req):
+            return super().request(req)
+        text = render_prompt(self.tokenizer, req.messages, req.tools, req.tool_choice)
+        forced = forced_schema(req)
+        if forced is not None:
+            text += TOOL_OPEN  # the answer is a call: its framing is given, its JSON constrained
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        body = request_body(dataclasses.replace(req, messages=None, prompt_ids=ids, tools=None), self.model, self.dialect)
+        if forced is not None:
+            body["json_schema"] = forced  # llama-server decodes under the grammar it compiles from this
+            # a call's JSON is not a spoken answer: give it room (a cut call is no call at all)
+            body["max_tokens"] = max(body["max_tokens"], FORCED_CALL_MAX_TOKENS)
+        elif (still := callable_tools(req.tools, req.tool_choice, req.messages)) is not None:
+            body["grammar"] = answer_gbnf(still)
+        return "/completions", body
+
+    async def generate(self, request_id: str, req: GenRequest) -> AsyncIterator[Delta]:
+        if not self.server.alive:  # restarting after a crash: the next answer waits for it, rather than fail
+            await asyncio.to_thread(self.server.wait_ready, self.server.ready_timeout_s)
+        restarts, pid = self.server.restarts, self.server.proc.pid if self.server.proc else None
+        own_prompt = self._own_tool_prompt(req)
+        framed = bool(req.tools) and forces_call(req.tool_choice) and own_prompt
+        taken = self._take_slot(request_id, req)
+        slot, heavy = self._slot_of.get(request_id, (None, False))
+        short = slot is not None and not heavy  # holds back heavy pieces until its first token
+        if short:
+            self.shorts.enter()
+        try:
+            if heavy and taken is not None and self.prefill_piece_tokens and not own_prompt:
+                ids, new = taken  # (an own tool prompt is rendered differently from these ids)
+                await prefill_in_pieces(self.http_client(), self.server.base_url + "/completions", ids,
+                                        cached=len(ids) - new, piece=self.prefill_piece_tokens, slot=slot,
+                                        shorts=self.shorts)
+            if framed:  # the call's opening was part of the prompt: the parser sees the whole block
+                yield Delta(text=TOOL_OPEN)
+            async for d in super().generate(request_id, req):
+                if short:
+                    short = False
+                    self.shorts.leave()
+                yield d
+            if framed:
+                yield Delta(text=TOOL_CLOSE)
+        except UpstreamError as exc:
+            # a killed process closes its sockets a moment before it can be reaped: look for up to 0.5 s
+            for _ in range(10):
+                if self.server.restarts != restarts or not self.server.alive:
+                    break
+                await asyncio.sleep(0.05)
+            if self.server.restarts != restarts or not self.server.alive:
+                raise UpstreamError(
+                    f"the llama.cpp thinker (llama-server pid {pid}) exited mid-answer and is being "
+                    f"restarted; this answer is lost, the next one will be served ({exc})",
+                    code="engine_crashed",
+                ) from exc
+            raise
+        finally:
+            if short:
+                self.shorts.leave()
+            self._slot_of.pop(request_id, None)
+
+
+def create_llama_cpp_scheduler(
+    gguf: str | os.PathLike,
+    binary: str | os.PathLike,
+    *,
+    name: str = "thinker",
+    threads: int = 1,
+    parallel: int = 4,
+    ctx_size: int = 8192,
+    cache_ram_mib: int = 256,
+    batch_tokens: int | None = 16,
+    unified_kv: bool = False,
+    extra_args: Sequence[str] = (),
+    tokenizer: Any = None,
+    default_max_tokens: int = 256,
+    history_tokens: int | None = None,
+    **remote_kwargs: Any,
+):
+    """A not-yet-started scheduler; ``start()`` launches the server and waits for its health."""
+    server = LlamaServer(binary, gguf, threads=threads, parallel=parallel, ctx_size=ctx_size, cache_ram_mib=cache_ram_mib,
+                         batch_tokens=batch_tokens, unified_kv=unified_kv, extra_args=extra_args)
+    return LlamaCppScheduler(server, history_tokens=history_tokens, model="omni-rt-thinker", tokenizer=tokenizer,
+                             name=name, default_max_tokens=default_max_tokens, dialect="llama.cpp", **remote_kwargs)
