@@ -11,7 +11,7 @@ from rt_helpers import validate_event
 
 from omni_rt.session import commands as cmd
 from omni_rt.session.core import RealtimeSession
-from omni_rt.session.response import ResponseState
+from omni_rt.session.response_state import ResponseState
 from omni_rt.contracts import payloads as c
 
 
