@@ -10,8 +10,9 @@ Twilio bridge), ``receive_asr`` (audio-in stage events, ``omni_rt.contracts.payl
 ``RealtimeSession`` is a small coordinator of explicit parts, each a plain class with its own state, handed
 what it needs: ``Outbox`` (the outgoing events), ``Conversation`` (the items), ``HeldAnswers`` (speculative
 answers kept until the turn ends), ``ToolCallItems`` (function-call output items), ``ResponseLifecycle`` (the
-active and running responses) and ``TurnTaking`` (audio-in events, by turn). It keeps the config, the input
-decoder and the client-event dispatch table; ``handlers`` validates each client event's fields.
+active and running responses), ``TurnTaking`` (audio-in events, by turn) and ``ConfigUpdates`` (the config,
+``session.update`` applied and confirmed). It keeps the input decoder and the client-event dispatch table;
+``handlers`` validates each client event's fields.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from omni_rt.realtime.events import BETA_CLIENT_ALIASES, event_id_of, new_id, pa
 from omni_rt.realtime.session_config import SessionConfig
 from omni_rt.session import commands as cmd
 from omni_rt.session import handlers as h
+from omni_rt.session.config_updates import ConfigUpdates
 from omni_rt.session.conversation import Conversation
 from omni_rt.session.held_answers import HeldAnswers
 from omni_rt.session.options import SessionLimits, SessionOptions
@@ -49,18 +51,19 @@ class RealtimeSession:
         self.limits = limits or SessionLimits()
         self.id = new_id("sess")
         voices = tuple(self.options.voices) or ("default",)
-        self.config = SessionConfig(model=self.options.model_name, beta_events=self.options.beta_events, voices=voices, voice=voices[0])
+        config = SessionConfig(model=self.options.model_name, beta_events=self.options.beta_events, voices=voices, voice=voices[0])
         if session is not None:
-            self.config.update(session)
-        self.decoder = InputDecoder(self.config.input_format, target_rate=PIPELINE_INPUT_RATE)
+            config.update(session)
+        self.decoder = InputDecoder(config.input_format, target_rate=PIPELINE_INPUT_RATE)
         self.closed = False
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
         self._errors = 0
         self._commands: list[cmd.Command] = []
         self._observations: list[tuple[str, float]] = []  # (metric, seconds) for the driver's /metrics
         current: Callable[[], SessionConfig] = lambda: self.config  # noqa: E731 - session.update replaces it
-        self.outbox = Outbox(self.limits.max_outgoing_bytes, self.config.beta_events, self._overflow)
+        self.outbox = Outbox(self.limits.max_outgoing_bytes, config.beta_events, self._overflow)
         send = self.outbox.send
+        self.config_updates = ConfigUpdates(self.id, config, send=send, send_error=self.send_error, commands=self._commands)
         self.conversation = Conversation()
         self.held = HeldAnswers(send, self.conversation, self._observations)
         self.tool_calls = ToolCallItems(self.conversation, self.held.emit)
@@ -119,6 +122,11 @@ class RealtimeSession:
         self.send(error_event(exc.code, exc.message, exc.param, event_id, exc.type))
 
     @property
+    def config(self) -> SessionConfig:
+        """The config in force (``session.update`` replaces it: read it at each use)."""
+        return self.config_updates.config
+
+    @property
     def response(self) -> Response | None:
         """The active response (at most one, as the protocol says)."""
         return self.responses.active
@@ -133,7 +141,7 @@ class RealtimeSession:
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     def open(self) -> None:
-        self._commands.append(cmd.OpenAudioIn(self.config.asr_params()))
+        self._commands.append(cmd.OpenAudioIn(self.config_updates.open_params()))
         self.send({"type": "session.created", "session": self.config.render(self.id)})
 
     def _overflow(self) -> None:
@@ -177,7 +185,11 @@ class RealtimeSession:
             self.send_error(exc, eid if isinstance(eid, str) and len(eid) <= 128 else None)
 
     def receive_asr(self, ev: c.AsrEvent) -> None:
-        if not self.closed:
+        if self.closed:
+            return
+        if isinstance(ev, (c.AudioInUpdated, c.AudioInUpdateRefused)):
+            self.config_updates.receive(ev)
+        else:
             self.turn_taking.receive(ev)
 
     def receive_output(self, response_id: str, role: str, data: Any) -> None:
@@ -204,9 +216,7 @@ class RealtimeSession:
             self._commands.append(cmd.AppendAudio(pcm))
 
     def apply_config(self, config: SessionConfig) -> None:
-        old_input = self.config.input_format
-        self.config = config
-        if config.input_format != old_input:
+        """A validated ``session.update`` (``config_updates`` confirms it)."""
+        if config.input_format != self.config.input_format:
             self.decoder = InputDecoder(config.input_format, target_rate=PIPELINE_INPUT_RATE)
-        self._commands.append(cmd.UpdateAudioIn(config.asr_params()))
-        self.send({"type": "session.updated", "session": config.render(self.id)})
+        self.config_updates.apply(config)
