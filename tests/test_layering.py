@@ -1,7 +1,8 @@
 """Imports point down the layers, never back up: the order is written once, here and in the README.
 
 Every import of ``omni_rt`` inside ``omni_rt`` (module level, function level and ``TYPE_CHECKING`` alike, since
-each is a dependency a reader has to follow) must go to the same layer or one listed before it.
+each is a dependency a reader has to follow) must go to the same layer or one listed before it, and no
+modules may import each other in a circle.
 """
 
 from __future__ import annotations
@@ -74,6 +75,45 @@ def upward_imports() -> list[str]:
     return found
 
 
+def import_circles() -> list[list[str]]:
+    """Groups of modules that import each other, directly or round about (any kind of import, as above)."""
+    modules = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        deps = set()
+        for _, target in imports_of(path):
+            while target and target not in modules:  # ``from pkg.mod import name``: the module, not the name
+                target = target.rpartition(".")[0]
+            if target and target != module and target != "omni_rt":
+                deps.add(target)
+        graph[module] = deps
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
 def test_every_package_is_a_layer() -> None:
     packages = {p.name for p in PACKAGE.iterdir() if (p.is_dir() and (p / "__init__.py").exists())}
     modules = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
@@ -82,6 +122,30 @@ def test_every_package_is_a_layer() -> None:
 
 def test_imports_point_down() -> None:
     assert upward_imports() == []
+
+
+# the stage shell's annotation of its owner (``TYPE_CHECKING`` only); left for the core/engine split
+KNOWN_CIRCLES = [["omni_rt.core.coordinator", "omni_rt.core.stage"]]
+
+
+def test_no_import_circles() -> None:
+    """Within a layer too: a module never needs, through any chain, a module that needs it."""
+    assert import_circles() == KNOWN_CIRCLES
+
+
+def test_the_check_sees_an_import_circle(tmp_path: Path) -> None:
+    pkg = tmp_path / "omni_rt" / "session"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core.py").write_text("def f():\n    from omni_rt.session.handlers import dispatch\n")
+    (pkg / "handlers.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .core import f\n")
+    (pkg / "turn.py").write_text("from omni_rt.session import core\n")
+    globals()["PACKAGE"], saved = pkg.parent, PACKAGE
+    try:
+        found = import_circles()
+    finally:
+        globals()["PACKAGE"] = saved
+    assert found == [["omni_rt.session.core", "omni_rt.session.handlers"]], found
 
 
 def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from rt_helpers import validate_event
 
 from omni_rt.session import commands as cmd
 from omni_rt.session.core import RealtimeSession
-from omni_rt.session.response import ResponseState
+from omni_rt.session.response_state import ResponseState
 from omni_rt.contracts import payloads as c
 
 
@@ -22,10 +22,22 @@ def drain(s: RealtimeSession) -> tuple[list[dict], list]:
     return events, commands
 
 
+def accept_updates(s: RealtimeSession) -> list:
+    """Play the audio-in stage: accept every ``UpdateAudioIn`` queued so far; the other commands are returned."""
+    rest = []
+    for x in s.commands():
+        if isinstance(x, cmd.UpdateAudioIn):
+            s.receive_asr(c.AudioInUpdated(0, x.update_id))
+        else:
+            rest.append(x)
+    return rest
+
+
 def opened() -> RealtimeSession:
     s = RealtimeSession()
     s.open()
     s.receive_event({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}}})
+    accept_updates(s)
     drain(s)
     return s
 
@@ -218,6 +230,7 @@ def test_transcription_session_transcribes_and_never_answers() -> None:
     s.open()
     s.receive_event({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
         "transcription": {"model": "gpt-4o-mini-transcribe"}}}}})
+    accept_updates(s)
     s.receive_asr(c.SpeechStarted(1, 0))
     s.receive_asr(c.TranscriptSpeculative(1, "hello there", 100.0))
     s.receive_asr(c.SpeechStopped(1, 800))
@@ -229,3 +242,47 @@ def test_transcription_session_transcribes_and_never_answers() -> None:
     assert [e["transcript"] for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"] == ["hello there"]
     assert not [x for x in commands if isinstance(x, cmd.StartResponse)]
     assert [e["error"]["param"] for e in events if e["type"] == "error"] == ["type"]
+
+
+# ------------------------------------------------------------------------------------------------ session.update
+SEMANTIC = {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}
+
+
+def test_session_updated_follows_the_stage_and_stays_in_order() -> None:
+    """A change the audio-in stage owns is confirmed once the stage holds it; one it does not own is confirmed
+    at once, unless an earlier confirmation is still waiting (then after it, in order)."""
+    s = RealtimeSession()
+    s.open()
+    drain(s)
+    s.receive_event({"type": "session.update", "session": {"instructions": "Be brief."}})
+    events, commands = drain(s)
+    assert [e["type"] for e in events] == ["session.updated"] and not commands
+    s.receive_event(SEMANTIC)
+    s.receive_event({"type": "session.update", "session": {"instructions": "Be briefer."}})
+    events, commands = drain(s)
+    updates = [x for x in commands if isinstance(x, cmd.UpdateAudioIn)]
+    assert events == [] and len(updates) == 1 and updates[0].params["turn_detection"].type == "semantic_vad"
+    assert s.config.instructions == "Be briefer."  # in force at once: the client's next events see it
+    s.receive_asr(c.AudioInUpdated(0, updates[0].update_id))
+    events, _ = drain(s)
+    assert [e["type"] for e in events] == ["session.updated", "session.updated"]
+    assert all(e["session"]["audio"]["input"]["turn_detection"]["type"] == "semantic_vad" for e in events)
+
+
+def test_a_setting_the_stage_refuses_keeps_the_old_one() -> None:
+    s = RealtimeSession()
+    s.open()
+    drain(s)
+    s.receive_event({"type": "session.update", "session": {"instructions": "Hi.", **SEMANTIC["session"]}})
+    (update,) = [x for x in s.commands() if isinstance(x, cmd.UpdateAudioIn)]
+    assert s.events_to_send() == []
+    s.receive_asr(c.AudioInUpdateRefused(0, update.update_id, "turn_model_unavailable", "asr: semantic_vad needs the Smart Turn model"))
+    events, _ = drain(s)
+    assert [e["type"] for e in events] == ["error", "session.updated"], events
+    err = events[0]["error"]
+    assert err["code"] == "turn_model_unavailable" and err["param"] == "session.audio.input.turn_detection", err
+    assert events[1]["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    assert s.config.turn_detection.type == "server_vad" and s.config.instructions == "Hi."
+    s.receive_event(SEMANTIC)  # asked again: sent again (the stage still holds server_vad)
+    assert [x for x in s.commands() if isinstance(x, cmd.UpdateAudioIn)]
+

@@ -173,6 +173,32 @@ def test_missing_turn_model_is_a_clear_session_error() -> None:
         sched.stop()
 
 
+def test_the_stage_answers_each_acknowledged_update() -> None:
+    """``update`` with ``ack``: one reply each; a refused one (no turn model) leaves the session's detection as it was."""
+    from omni_rt.stages.asr import AsrSessionScheduler
+
+    def missing() -> Any:
+        raise FileNotFoundError("package 'pipecat-ai' is not installed")
+
+    sched = AsrSessionScheduler(transcriber=None, vad_model=None, turn_model=missing)  # type: ignore[arg-type]
+    sched._new_vad = lambda td: None  # type: ignore[method-assign]  # no audio flows in this test
+    sched.start()
+    semantic = tdm.parse_turn_detection({"type": "semantic_vad"})
+    slower = tdm.parse_turn_detection({"type": "server_vad", "silence_duration_ms": 900})
+    try:
+        sched.inbox.put(IncomingMessage("s", "new_request", {"op": "open", "params": {}}))
+        for sid, ack, td in (("s", "u1", semantic), ("s", "u2", slower), ("gone", "u3", slower)):
+            sched.inbox.put(IncomingMessage(sid, "new_request", {"op": "update", "ack": ack, "params": {"turn_detection": td}}))
+        replies = [sched.outbox.get(timeout=10).data for _ in range(3)]
+        assert [(r["type"], r["ack"], r.get("code")) for r in replies] == [
+            ("session.op_failed", "u1", "turn_model_unavailable"), ("session.op_done", "u2", None),
+            ("session.op_failed", "u3", "session_not_found")], replies
+        assert sched.sessions["s"].state["asr"].td.silence_duration_ms == 900
+        assert sched.outbox.empty()
+    finally:
+        sched.stop()
+
+
 # ---------------------------------------------------------------- config
 
 

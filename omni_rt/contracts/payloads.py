@@ -195,6 +195,23 @@ class AsrError(AsrEvent):
     message: str
 
 
+@dataclass(slots=True)
+class AudioInUpdated(AsrEvent):
+    """The stage applied the session's settings update ``update_id`` (op ``update``): they are in force."""
+
+    update_id: str
+
+
+@dataclass(slots=True)
+class AudioInUpdateRefused(AsrEvent):
+    """The stage could not apply update ``update_id`` (e.g. ``semantic_vad`` without its turn model) and kept
+    the settings it had."""
+
+    update_id: str
+    code: str
+    message: str
+
+
 def text_of(chunk: Any) -> str:
     """The speakable text in a thinker chunk ('' for tool calls and anything else)."""
     return chunk.text if isinstance(chunk, TextDelta) else ""

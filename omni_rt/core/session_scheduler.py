@@ -3,7 +3,9 @@
 A session maps onto the four incoming message kinds so the stage shell needs nothing special:
 ``new_request`` with ``{"op": "open", ...}`` opens it (other ops such as ``commit``/``clear``/``update``
 act on an open session), ``stream_chunk`` appends (audio), ``stream_done`` closes, ``abort`` drops it.
-Session-level happenings leave as ``event`` messages whose request id is the session id.
+Session-level happenings leave as ``event`` messages whose request id is the session id. An op whose data
+carries ``ack`` gets exactly one reply event, ``session.op_done`` or ``session.op_failed`` (the session's
+``update`` uses it, so ``session.updated`` follows what the stage accepted).
 """
 
 from __future__ import annotations
@@ -112,6 +114,22 @@ class SessionScheduler(ThreadedScheduler):
                 self.emit_error(sid, exc)
         return False
 
+    def _acknowledged(self, sid: str, sess: Session | None, op: str, data: dict[str, Any]) -> None:
+        """An op whose data carries ``ack``: exactly one reply event, ``session.op_done`` once ``on_control``
+        returned, or ``session.op_failed`` (code, message) instead of an ``error`` when it raised (the hook
+        raises before changing anything, so the session's previous state stands)."""
+        try:
+            if sess is None:
+                raise SessionLimitError("session_not_found", f"session '{sid}' is not open (op '{op}')")
+            sess.last_activity = time.monotonic()
+            self.on_control(sess, op, data)
+        except Exception as exc:  # noqa: BLE001 - a failing session op fails only that op
+            code = exc.code if isinstance(exc, SessionLimitError) else "stage_error"
+            message = str(exc) if isinstance(exc, SessionLimitError) else f"{type(exc).__name__}: {exc}"
+            self.emit(sid, "event", {"type": "session.op_failed", "ack": data["ack"], "code": code, "message": f"{self.name}: {message}"})
+        else:
+            self.emit(sid, "event", {"type": "session.op_done", "ack": data["ack"]})
+
     def _expire_idle(self, now: float) -> None:
         for sid, sess in list(self.sessions.items()):
             if now - sess.last_activity > self.idle_timeout_s:
@@ -145,6 +163,9 @@ class SessionScheduler(ThreadedScheduler):
                 sess = Session(session_id=sid, params=dict(data.get("params") or {}))
                 if self._safe(sid, self.on_open, sess):
                     self.sessions[sid] = sess
+                return
+            if "ack" in data:
+                self._acknowledged(sid, sess, op, data)
                 return
             if sess is None:
                 self.emit_error(sid, f"session '{sid}' is not open (op '{op}')", code="session_not_found")

@@ -20,6 +20,7 @@ class OpenAudioIn:
 @dataclass(slots=True)
 class UpdateAudioIn:
     params: dict[str, Any]
+    update_id: str  # the stage answers it: AudioInUpdated or AudioInUpdateRefused (omni_rt.contracts.payloads)
 
 
 @dataclass(slots=True)

@@ -2,58 +2,48 @@
 events and pipeline commands out.
 
 Inputs: ``receive_message`` (a raw client message), ``receive_event`` (an already parsed one, e.g. from the
-Twilio bridge), ``receive_asr`` (audio-in stage events, ``omni_rt.contracts.payloads``; in ``turn_taking``),
-``receive_output`` / ``receive_result`` / ``receive_failure`` (a response's stream chunks by role, its end; in
-``responses``). Outputs: ``events_to_send()`` (server events, in order), ``commands()``
-(``omni_rt.session.commands``) and ``observations()`` (timings for metrics). Client-event handlers live in
-``handlers``; this class keeps the state and the outgoing queue.
+Twilio bridge), ``receive_asr`` (audio-in stage events, ``omni_rt.contracts.payloads``), ``receive_output`` /
+``receive_result`` / ``receive_failure`` (a response's stream chunks by role, its end). Outputs:
+``events_to_send()`` (server events, in order), ``commands()`` (``omni_rt.session.commands``) and
+``observations()`` (timings for metrics).
+
+``RealtimeSession`` is a small coordinator of explicit parts, each a plain class with its own state, handed
+what it needs: ``Outbox`` (the outgoing events), ``Conversation`` (the items), ``HeldAnswers`` (speculative
+answers kept until the turn ends), ``ToolCallItems`` (function-call output items), ``ResponseLifecycle`` (the
+active and running responses), ``TurnTaking`` (audio-in events, by turn) and ``ConfigUpdates`` (the config,
+``session.update`` applied and confirmed). It keeps the input decoder and the client-event dispatch table;
+``handlers`` validates each client event's fields.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from omni_rt.audio import PIPELINE_INPUT_RATE
-from omni_rt.audio.formats import InputDecoder, OutputEncoder
+from omni_rt.audio.formats import InputDecoder
+from omni_rt.contracts import payloads as c
 from omni_rt.realtime.errors import ProtocolError, error_event
-from omni_rt.realtime.events import BETA_SERVER_NAMES, event_id_of, new_id, parse_client_message
+from omni_rt.realtime.events import BETA_CLIENT_ALIASES, event_id_of, new_id, parse_client_message
 from omni_rt.realtime.session_config import SessionConfig
 from omni_rt.session import commands as cmd
+from omni_rt.session import handlers as h
+from omni_rt.session.config_updates import ConfigUpdates
 from omni_rt.session.conversation import Conversation
-from omni_rt.session.response import Response
-from omni_rt.session.responses import ResponseLifecycle
-from omni_rt.session.turn import TurnTracker
+from omni_rt.session.held_answers import HeldAnswers
+from omni_rt.session.options import SessionLimits, SessionOptions
+from omni_rt.session.outbox import Outbox
+from omni_rt.session.response_lifecycle import ResponseLifecycle
+from omni_rt.session.response_state import Response
+from omni_rt.session.tool_call_items import ToolCallItems
 from omni_rt.session.turn_taking import TurnTaking
+
+__all__ = ["RealtimeSession", "SessionLimits", "SessionOptions"]
 
 log = logging.getLogger("omni_rt.session")
 
 
-@dataclass(frozen=True)
-class SessionLimits:
-    """Per-session caps; each refusal names its number."""
-
-    max_append_bytes: int = 1 << 20  # one append: ~21 s of 24 kHz PCM16
-    max_outgoing_bytes: int = 16 << 20  # queued for a client that does not read: then the session is closed
-    max_response_tokens: int = 96
-    # the thinker's budget for one item (omni_rt.engine.history): tokens of a text, and the most one item may
-    # hold; an item above it could never be part of a prompt and is refused at conversation.item.create
-    item_tokens: Callable[[str], int] | None = None
-    max_item_tokens: int = 0
-    item_budget_note: str = ""
-
-
-@dataclass(frozen=True)
-class SessionOptions:
-    model_name: str = "omni-rt"
-    speculative_responses: bool = True
-    beta_events: bool = False
-    voices: tuple[str, ...] = ("default",)  # the preset's voices; the first is the default
-
-
-class RealtimeSession(TurnTaking, ResponseLifecycle):
+class RealtimeSession:
     def __init__(self, options: SessionOptions | None = None, limits: SessionLimits | None = None,
                  session: dict[str, Any] | None = None) -> None:
         """``session``: an initial ``session.update`` payload (the Twilio bridge fixes μ-law in and out)."""
@@ -61,91 +51,117 @@ class RealtimeSession(TurnTaking, ResponseLifecycle):
         self.limits = limits or SessionLimits()
         self.id = new_id("sess")
         voices = tuple(self.options.voices) or ("default",)
-        self.config = SessionConfig(model=self.options.model_name, beta_events=self.options.beta_events, voices=voices, voice=voices[0])
+        config = SessionConfig(model=self.options.model_name, beta_events=self.options.beta_events, voices=voices, voice=voices[0])
         if session is not None:
-            self.config.update(session)
-        self.conversation = Conversation()
-        self.turns = TurnTracker()
-        self.response: Response | None = None  # the active response (at most one, as the protocol says)
-        self.decoder = InputDecoder(self.config.input_format, target_rate=PIPELINE_INPUT_RATE)
+            config.update(session)
+        self.decoder = InputDecoder(config.input_format, target_rate=PIPELINE_INPUT_RATE)
         self.closed = False
-        self._events: deque[dict[str, Any]] = deque()
-        self._queued_bytes = 0
-        self._commands: list[cmd.Command] = []
-        self._responses: dict[str, tuple[Response, OutputEncoder | None]] = {}  # running in the pipeline
-        self.stats = {"errors": 0, "speculative_released": 0, "speculative_discarded": 0}
-        self._observations: list[tuple[str, float]] = []  # (metric, seconds) for the driver's /metrics
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
+        self._errors = 0
+        self._commands: list[cmd.Command] = []
+        self._observations: list[tuple[str, float]] = []  # (metric, seconds) for the driver's /metrics
+        current: Callable[[], SessionConfig] = lambda: self.config  # noqa: E731 - session.update replaces it
+        self.outbox = Outbox(self.limits.max_outgoing_bytes, config.beta_events, self._overflow)
+        send = self.outbox.send
+        self.config_updates = ConfigUpdates(self.id, config, send=send, send_error=self.send_error, commands=self._commands)
+        self.conversation = Conversation()
+        self.held = HeldAnswers(send, self.conversation, self._observations)
+        self.tool_calls = ToolCallItems(self.conversation, self.held.emit)
+        self.responses = ResponseLifecycle(
+            self.id, send=send, purge_audio=self.outbox.purge_audio, commands=self._commands, observations=self._observations,
+            conversation=self.conversation, held=self.held, tool_calls=self.tool_calls, config=current,
+            max_response_tokens=self.limits.max_response_tokens, log=self.log)
+        self.turn_taking = TurnTaking(
+            send=send, send_error=self.send_error, commands=self._commands, observations=self._observations,
+            conversation=self.conversation, responses=self.responses, config=current,
+            speculative_responses=self.options.speculative_responses, log=self.log)
+        self._handlers = self._client_handlers()
 
+    def _client_handlers(self) -> dict[str, Callable[[dict[str, Any]], None]]:
+        """The dispatch table: each GA client event to its handler, with the parts it acts on."""
+        conv, responses, send, limits = self.conversation, self.responses, self.send, self.limits
+        return {
+            "session.update": lambda e: self.apply_config(h.session_update(e, self.config, limits)),
+            "input_audio_buffer.append": lambda e: self.append_audio(h.input_audio_append(e)),
+            "input_audio_buffer.commit": lambda e: self.turn_taking.commit(h.input_audio_commit(e)),
+            "input_audio_buffer.clear": lambda e: self._commands.append(cmd.ControlAudioIn("clear")),
+            "conversation.item.create": lambda e: h.item_create(e, conv, limits, send),
+            "conversation.item.delete": lambda e: h.item_delete(e, conv, send),
+            "conversation.item.retrieve": lambda e: h.item_retrieve(e, conv, send),
+            "conversation.item.truncate": lambda e: h.item_truncate(e, conv, responses, send),
+            "response.create": lambda e: h.response_create(e, self.config, limits, conv, responses),
+            "response.cancel": lambda e: h.response_cancel(e, responses),
+        }
+
+    # ---- outputs -------------------------------------------------------------------------------------
     def events_to_send(self) -> list[dict[str, Any]]:
-        out = list(self._events)
-        self._events.clear()
-        self._queued_bytes = 0
-        return out
+        return self.outbox.drain()
 
     def observations(self) -> list[tuple[str, float]]:
         """Timings since the last call: ``ttfa``, ``thinker_first_token``, ``asr_final`` (seconds), and
         ``speculative_released`` / ``speculative_discarded`` (count 1 each)."""
-        out, self._observations = self._observations, []
+        out = list(self._observations)
+        self._observations.clear()  # the parts hold this list: emptied, never replaced
         return out
 
     def commands(self) -> list[cmd.Command]:
-        out, self._commands = self._commands, []
+        out = list(self._commands)
+        self._commands.clear()
         return out
 
     def requeue_unsent(self, events: list[dict[str, Any]]) -> None:
         """The driver could not send these yet: keep them first in line (caps still count them)."""
-        for ev in reversed(events):
-            self._events.appendleft(ev)
-            self._queued_bytes += len(ev.get("delta", "")) if isinstance(ev.get("delta"), str) else 0
+        self.outbox.requeue(events)
 
     def send(self, event: dict[str, Any]) -> None:
-        if self.closed:
-            return
-        event.setdefault("event_id", new_id("event"))
-        if self.config.beta_events:
-            event["type"] = BETA_SERVER_NAMES.get(event["type"], event["type"])
-        self._events.append(event)
-        delta = event.get("delta")
-        self._queued_bytes += len(delta) if isinstance(delta, str) else 0
-        if self._queued_bytes > self.limits.max_outgoing_bytes:
-            self._overflow()
-
-    def purge_audio(self, response_id: str) -> None:
-        """Drop a cancelled answer's queued audio: nothing more of it reaches the listener."""
-        kept = [ev for ev in self._events if not (ev.get("response_id") == response_id and ev["type"].endswith("audio.delta"))]
-        self._events = deque(kept)
-        self._queued_bytes = sum(len(ev["delta"]) for ev in kept if isinstance(ev.get("delta"), str))
+        self.outbox.send(event)
 
     def send_error(self, exc: ProtocolError, event_id: str | None = None) -> None:
-        self.stats["errors"] += 1
+        self._errors += 1
         self._observations.append((f"error.{exc.code}", 1))
         self.send(error_event(exc.code, exc.message, exc.param, event_id, exc.type))
 
+    @property
+    def config(self) -> SessionConfig:
+        """The config in force (``session.update`` replaces it: read it at each use)."""
+        return self.config_updates.config
+
+    @property
+    def response(self) -> Response | None:
+        """The active response (at most one, as the protocol says)."""
+        return self.responses.active
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {"errors": self._errors, "speculative_released": self.held.released, "speculative_discarded": self.held.discarded}
+
+    def live_state(self) -> dict[str, int]:
+        """Per-session entries still held (tests assert they return to zero)."""
+        return {"responses": self.responses.live(), "turns": self.turn_taking.turns.live(), "queued_events": len(self.outbox)}
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+    def open(self) -> None:
+        self._commands.append(cmd.OpenAudioIn(self.config_updates.open_params()))
+        self.send({"type": "session.created", "session": self.config.render(self.id)})
+
     def _overflow(self) -> None:
         """The client stopped reading: free its answer now and close rather than buffer without bound."""
-        self.cancel_active("client_cancelled")
+        self.responses.cancel_active("client_cancelled")
         self._commands.append(cmd.CloseConnection(
             1008, f"client is not reading: over {self.limits.max_outgoing_bytes} bytes of events queued"))
         self.close()
-
-    def open(self) -> None:
-        self._commands.append(cmd.OpenAudioIn(self.config.asr_params()))
-        self.send({"type": "session.created", "session": self.config.render(self.id)})
 
     def close(self) -> None:
         """Free everything the session holds: held and active answers, audio-in state."""
         if self.closed:
             return
-        for turn in self.turns.held():
-            self._discard_held(turn)
-        self.cancel_active("client_cancelled")
-        for rid in list(self._responses):
-            self._commands.append(cmd.AbortResponse(rid))
-        self._responses.clear()
+        self.turn_taking.discard_all_held()
+        self.responses.cancel_active("client_cancelled")
+        self.responses.abort_running()
         self._commands.append(cmd.CloseAudioIn())
-        self.closed = True
+        self.closed = self.outbox.closed = True
 
+    # ---- inputs --------------------------------------------------------------------------------------
     def receive_message(self, raw: str | bytes) -> None:
         """Parse and dispatch one client message; every problem becomes an ``error`` event."""
         try:
@@ -156,13 +172,36 @@ class RealtimeSession(TurnTaking, ResponseLifecycle):
         self.receive_event(event)
 
     def receive_event(self, event: dict[str, Any]) -> None:
-        from omni_rt.session.handlers import dispatch
-
         try:
-            dispatch(self, event)
+            etype = event.get("type")
+            if not isinstance(etype, str):
+                raise ProtocolError("missing_required_parameter", "event has no string 'type'", "type")
+            handler = self._handlers.get(BETA_CLIENT_ALIASES.get(etype, etype))
+            if handler is None:
+                raise ProtocolError("unknown_event", f"unknown event type '{etype[:64]}'", "type")
+            handler(event)
         except ProtocolError as exc:
             eid = event.get("event_id")
             self.send_error(exc, eid if isinstance(eid, str) and len(eid) <= 128 else None)
+
+    def receive_asr(self, ev: c.AsrEvent) -> None:
+        if self.closed:
+            return
+        if isinstance(ev, (c.AudioInUpdated, c.AudioInUpdateRefused)):
+            self.config_updates.receive(ev)
+        else:
+            self.turn_taking.receive(ev)
+
+    def receive_output(self, response_id: str, role: str, data: Any) -> None:
+        """A stream chunk of a running response, by the role of the stage that produced it."""
+        if not self.closed:
+            self.responses.receive_output(response_id, role, data)
+
+    def receive_result(self, response_id: str, result: Any) -> None:
+        self.responses.receive_result(response_id, result)
+
+    def receive_failure(self, response_id: str, code: str, stage: str, message: str) -> None:
+        self.responses.receive_failure(response_id, code, stage, message)
 
     def append_audio(self, raw: bytes) -> None:
         if len(raw) > self.limits.max_append_bytes:
@@ -177,20 +216,7 @@ class RealtimeSession(TurnTaking, ResponseLifecycle):
             self._commands.append(cmd.AppendAudio(pcm))
 
     def apply_config(self, config: SessionConfig) -> None:
-        old_input = self.config.input_format
-        self.config = config
-        if config.input_format != old_input:
+        """A validated ``session.update`` (``config_updates`` confirms it)."""
+        if config.input_format != self.config.input_format:
             self.decoder = InputDecoder(config.input_format, target_rate=PIPELINE_INPUT_RATE)
-        self._commands.append(cmd.UpdateAudioIn(config.asr_params()))
-        self.send({"type": "session.updated", "session": config.render(self.id)})
-
-    def commit(self, event_id: str | None) -> None:
-        self.turns.commit_event_ids.append(event_id)
-        self._commands.append(cmd.ControlAudioIn("commit"))
-
-    def clear_audio(self) -> None:
-        self._commands.append(cmd.ControlAudioIn("clear"))
-
-    def live_state(self) -> dict[str, int]:
-        """Per-session entries still held (tests assert they return to zero)."""
-        return {"responses": len(self._responses), "turns": self.turns.live(), "queued_events": len(self._events)}
+        self.config_updates.apply(config)

@@ -1,57 +1,58 @@
 """Held answers: a response started from a speculative transcript before the user's turn ended. Its events
-are kept, not sent, until the turn ends as guessed (``_release``: they go out at once and the answer joins
-the history) or does not (``_discard``: dropped without a trace on the wire). Mixed into ``RealtimeSession``
-through ``ResponseLifecycle``."""
+are kept, not sent, until the turn ends as guessed (``release``: they go out at once and the answer joins the
+history) or does not (``discard``: dropped without a trace on the wire). This part owns the keeping and the
+two counts; stopping a discarded answer in the pipeline is the response lifecycle's."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
-from omni_rt.session import commands as cmd
-from omni_rt.session.response import Response, ResponseState
+from omni_rt.session.conversation import Conversation
+from omni_rt.session.response_state import Response, ResponseState
 from omni_rt.session.turn import Turn
+
+Send = Callable[[dict[str, Any]], None]
 
 
 class HeldAnswers:
-    def _emit(self, resp: Response, event: dict[str, Any]) -> None:
+    def __init__(self, send: Send, conversation: Conversation, observations: list[tuple[str, float]]) -> None:
+        self._send = send
+        self._conversation = conversation
+        self._observations = observations
+        self.released = 0  # speculation that paid off ...
+        self.discarded = 0  # ... and that was thrown away
+
+    def emit(self, resp: Response, event: dict[str, Any]) -> None:
         """Send a response's event, or keep it while the response is held."""
         if resp.state is ResponseState.DISCARDED:
             return
         if resp.state is ResponseState.HELD:
             resp.held_events.append(event)
         else:
-            self.send(event)
+            self._send(event)
 
-    def _release(self, resp: Response, turn: Turn) -> None:
-        """The turn ended as speculated: the held answer joins the history and its events go out now."""
+    def release(self, resp: Response, turn: Turn) -> list[dict[str, Any]]:
+        """The turn ended as speculated: the answer becomes active and its announced items join the history.
+        Returns its kept events, in order, for the caller to send now."""
         resp.state = ResponseState.ACTIVE
         resp.turn_end = turn.end_at or time.perf_counter()
-        prev = {it.id: self.conversation.add(it) for it in resp.output}  # the items announced while held
-        self.response = resp
-        for ev in resp.held_events:
+        prev = {it.id: self._conversation.add(it) for it in resp.output}  # the items announced while held
+        events, resp.held_events = resp.held_events, []
+        for ev in events:
             if ev["type"] in ("conversation.item.added", "conversation.item.done"):
                 ev["previous_item_id"] = prev.get(ev["item"]["id"])
-            if ev["type"] == "response.output_audio.delta" and resp.first_audio is None:
-                self._first_audio(resp)
-            self.send(ev)
-        resp.held_events.clear()
-        self.stats["speculative_released"] += 1
+        self.released += 1
         self._observations.append(("speculative_released", 1))
-        if resp.pending_final is not None:  # it finished while held
-            self._finish(resp, *resp.pending_final)
+        return events
 
-    def _discard(self, resp: Response | None) -> None:
-        """Drop a held answer without a trace on the wire (the user kept talking, or said something else)."""
+    def discard(self, resp: Response | None) -> bool:
+        """Drop a held answer without a trace on the wire (the user kept talking, or said something else).
+        True when ``resp`` was held (the caller then stops it in the pipeline)."""
         if resp is None or resp.state is not ResponseState.HELD:
-            return
+            return False
         resp.state = ResponseState.DISCARDED
         resp.held_events.clear()
-        if self._responses.pop(resp.id, None) is not None:
-            self._commands.append(cmd.AbortResponse(resp.id))
-        self.stats["speculative_discarded"] += 1
+        self.discarded += 1
         self._observations.append(("speculative_discarded", 1))
-
-    def _discard_held(self, turn: Turn) -> None:
-        held, turn.held = turn.held, None
-        self._discard(held)
+        return True

@@ -1,18 +1,27 @@
 """Tool-call output items of a response: a ``function_call`` item per call, its arguments streamed as the
-thinker's ``ToolCallDelta`` chunks arrive and completed by ``ToolCallDone``. Mixed into ``RealtimeSession``
-through ``ResponseLifecycle``."""
+thinker's ``ToolCallDelta`` chunks arrive and completed by ``ToolCallDone``. A call the conversation has no room
+for raises ``ProtocolError`` (``conversation_full``) before anything of it is announced; the response lifecycle
+then fails the answer."""
 
 from __future__ import annotations
 
-from omni_rt.realtime.errors import ProtocolError
-from omni_rt.realtime.events import new_id
-from omni_rt.session.conversation import Item
-from omni_rt.session.response import Response, ResponseState
+from typing import Any, Callable
+
 from omni_rt.contracts import payloads as c
+from omni_rt.realtime.events import new_id
+from omni_rt.session.conversation import Conversation, Item
+from omni_rt.session.response_state import Response, ResponseState
+
+Emit = Callable[[Response, dict[str, Any]], None]
 
 
 class ToolCallItems:
-    def _on_call_delta(self, resp: Response, d: c.ToolCallDelta) -> None:
+    def __init__(self, conversation: Conversation, emit: Emit) -> None:
+        """``emit``: sends a response's event, or keeps it while the response is held (``HeldAnswers.emit``)."""
+        self._conversation = conversation
+        self._emit = emit
+
+    def on_delta(self, resp: Response, d: c.ToolCallDelta) -> None:
         """The model is calling a tool: a ``function_call`` output item whose arguments stream."""
         item = resp.calls.get(d.index)
         if item is None:
@@ -20,11 +29,7 @@ class ToolCallItems:
                         call_id=d.call_id, name=d.name)
             prev = None
             if resp.in_conversation and resp.state is ResponseState.ACTIVE:
-                try:
-                    prev = self.conversation.add(item)
-                except ProtocolError as exc:  # the conversation is full: the answer fails (never an unlisted item)
-                    self._fail_running(resp, exc)
-                    return
+                prev = self._conversation.add(item)  # full: raises, never an unlisted item
             resp.calls[d.index] = item
             resp.output.append(item)
             self._emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": resp.output_index(item),
@@ -36,13 +41,11 @@ class ToolCallItems:
             self._emit(resp, {"type": "response.function_call_arguments.delta", "response_id": resp.id, "item_id": item.id,
                               "output_index": resp.output_index(item), "call_id": item.call_id, "delta": d.arguments_delta})
 
-    def _on_call_done(self, resp: Response, d: c.ToolCallDone) -> None:
+    def on_done(self, resp: Response, d: c.ToolCallDone) -> None:
         item = resp.calls.get(d.index)
         if item is None:
-            self._on_call_delta(resp, c.ToolCallDelta(d.index, d.call_id, d.name, ""))
-            item = resp.calls.get(d.index)
-            if item is None:  # the call did not fit the conversation: the answer failed
-                return
+            self.on_delta(resp, c.ToolCallDelta(d.index, d.call_id, d.name, ""))
+            item = resp.calls[d.index]
         item.arguments, item.status = d.arguments, "completed"
         self._emit(resp, {"type": "response.function_call_arguments.done", "response_id": resp.id, "item_id": item.id,
                           "output_index": resp.output_index(item), "call_id": item.call_id, "name": item.name,
@@ -50,5 +53,6 @@ class ToolCallItems:
         self._emit(resp, {"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(item),
                           "item": item.render()})
         if resp.in_conversation:
-            self._emit(resp, {"type": "conversation.item.done", "previous_item_id": self.conversation.previous_id(item.id)
-                              if item in self.conversation.items else None, "item": item.render()})
+            conv = self._conversation
+            self._emit(resp, {"type": "conversation.item.done", "previous_item_id": conv.previous_id(item.id)
+                              if item in conv.items else None, "item": item.render()})

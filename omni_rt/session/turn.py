@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from omni_rt.realtime.events import new_id
-from omni_rt.session.response import Response
+from omni_rt.session.response_state import Response
 
 MAX_TRACKED_TURNS = 64  # turns whose transcript is still awaited; older ones are forgotten
 MAX_PENDING_COMMITS = 64

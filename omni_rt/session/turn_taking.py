@@ -1,29 +1,56 @@
-"""Turn-taking, the part of ``RealtimeSession`` that reacts to the audio-in stage: speech started/stopped,
-commits, partial / speculative / final transcripts, each matched to its turn by number (``session.turn``).
-A speculative transcript starts a held answer; the final one releases it if the guess held, or starts a fresh
-answer. Mixed into ``RealtimeSession`` (it uses that class's state and its response lifecycle)."""
+"""Turn taking: reacts to the audio-in stage (speech started/stopped, commits, partial / speculative / final
+transcripts), each event matched to its turn by number (``session.turn``). A speculative transcript starts a
+held answer; the final one releases it if the guess held, or starts a fresh answer. It owns the turns (and the
+client commits in flight); answers go through the response lifecycle it is handed."""
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any, Callable
 
-from omni_rt.realtime.errors import ProtocolError
-from omni_rt.session.conversation import Item
 from omni_rt.contracts import payloads as c
+from omni_rt.realtime.errors import ProtocolError
+from omni_rt.realtime.session_config import SessionConfig
+from omni_rt.session import commands as cmd
+from omni_rt.session.conversation import Conversation, Item
+from omni_rt.session.response_lifecycle import ResponseLifecycle
+from omni_rt.session.turn import Turn, TurnTracker
 
 
 class TurnTaking:
-    def receive_asr(self, ev: c.AsrEvent) -> None:
-        if self.closed:
-            return
-        td = self.config.turn_detection
+    def __init__(self, *, send: Callable[[dict[str, Any]], None], send_error: Callable[..., None],
+                 commands: list[cmd.Command], observations: list[tuple[str, float]], conversation: Conversation,
+                 responses: ResponseLifecycle, config: Callable[[], SessionConfig], speculative_responses: bool,
+                 log: logging.LoggerAdapter) -> None:
+        """``send_error(exc, event_id=None)``: an ``error`` event, counted; ``config``: the current config."""
+        self.send, self.send_error = send, send_error
+        self._commands, self._observations = commands, observations
+        self.conversation, self.responses = conversation, responses
+        self._config, self.speculative_responses, self.log = config, speculative_responses, log
+        self.turns = TurnTracker()
+
+    def commit(self, event_id: str | None) -> None:
+        """A client's ``input_audio_buffer.commit``: an empty-buffer error from the stage names its event id."""
+        self.turns.commit_event_ids.append(event_id)
+        self._commands.append(cmd.ControlAudioIn("commit"))
+
+    def discard_held(self, turn: Turn) -> None:
+        held, turn.held = turn.held, None
+        self.responses.discard(held)
+
+    def discard_all_held(self) -> None:
+        for turn in self.turns.held():
+            self.discard_held(turn)
+
+    def receive(self, ev: c.AsrEvent) -> None:
+        td = self._config().turn_detection
         if isinstance(ev, c.SpeechStarted):
-            for turn in self.turns.held():
-                self._discard_held(turn)
+            self.discard_all_held()
             turn = self.turns.get(ev.turn)
             self.send({"type": "input_audio_buffer.speech_started", "audio_start_ms": int(ev.audio_start_ms), "item_id": turn.item_id})
             if td is None or td.interrupt_response:
-                self.cancel_active("turn_detected")  # drops its queued audio, also what was queued before
+                self.responses.cancel_active("turn_detected")  # drops its queued audio, also what was queued before
         elif isinstance(ev, c.SpeechStopped):
             turn = self.turns.get(ev.turn)
             turn.mark_end()
@@ -31,21 +58,20 @@ class TurnTaking:
         elif isinstance(ev, c.Committed):
             self._on_committed(ev)
         elif isinstance(ev, c.Cleared):
-            for turn in self.turns.held():
-                self._discard_held(turn)
+            self.discard_all_held()
             self.send({"type": "input_audio_buffer.cleared"})
         elif isinstance(ev, c.TranscriptPartial):
             self._on_partial(ev)
         elif isinstance(ev, c.SpeculationCancelled):
             turn = self.turns.peek(ev.turn)
             if turn is not None:
-                self._discard_held(turn)
+                self.discard_held(turn)
         elif isinstance(ev, c.TranscriptSpeculative):
             self._on_speculative(ev)
         elif isinstance(ev, c.TranscriptFinal):
             self._on_final(ev)
         elif isinstance(ev, c.TurnScored) and ev.complete:  # the verdict that ends the turn waited for this score
-            self._observations += [("stage:smart_turn:queue", ev.queue_ms / 1000), ("stage:smart_turn:compute", ev.score_ms / 1000)]
+            self._observations.extend([("stage:smart_turn:queue", ev.queue_ms / 1000), ("stage:smart_turn:compute", ev.score_ms / 1000)])
         elif isinstance(ev, c.TimeoutTriggered):
             turn = self.turns.get(ev.turn)
             self.send({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": ev.audio_start_ms,
@@ -79,8 +105,8 @@ class TurnTaking:
 
     def _on_partial(self, ev: c.TranscriptPartial) -> None:
         """Partials re-decode the whole turn so far: send only what extends the text already sent."""
-        turn = self.turns.peek(ev.turn)
-        if turn is None or (self.config.transcription is None and self.config.session_type != "transcription"):
+        turn, cfg = self.turns.peek(ev.turn), self._config()
+        if turn is None or (cfg.transcription is None and cfg.session_type != "transcription"):
             return
         if ev.text.startswith(turn.partial_sent) and len(ev.text) > len(turn.partial_sent):
             delta, turn.partial_sent = ev.text[len(turn.partial_sent):], ev.text
@@ -88,12 +114,13 @@ class TurnTaking:
                        "content_index": 0, "delta": delta})
 
     def _on_speculative(self, ev: c.TranscriptSpeculative) -> None:
-        td = self.config.turn_detection
+        cfg = self._config()
+        td = cfg.turn_detection
         text = ev.text.strip()
         turn = self.turns.get(ev.turn)
-        if ((td is None or td.create_response) and text and turn.held is None and self.options.speculative_responses
-                and self.config.session_type == "realtime"):
-            turn.held = self._start_response(self.config, held_user_text=text)
+        if ((td is None or td.create_response) and text and turn.held is None and self.speculative_responses
+                and cfg.session_type == "realtime"):
+            turn.held = self.responses.begin(cfg, held_user_text=text)
 
     def _on_final(self, ev: c.TranscriptFinal) -> None:
         turn = self.turns.get(ev.turn)
@@ -103,34 +130,35 @@ class TurnTaking:
         try:
             item = self.conversation.get(turn.item_id)
         except ProtocolError:
-            self._discard(held)
+            self.responses.discard(held)
             return  # the client deleted the item before it was transcribed
         item.content = [{"type": "input_audio", "transcript": text}]
-        self._observations += [("asr_final", ev.after_end_ms / 1000), ("stage:asr_final:queue", ev.queue_ms / 1000),
-                               ("stage:asr_final:compute", ev.compute_ms / 1000)]
-        if self.config.transcription is not None or self.config.session_type == "transcription":
+        self._observations.extend([("asr_final", ev.after_end_ms / 1000), ("stage:asr_final:queue", ev.queue_ms / 1000),
+                                   ("stage:asr_final:compute", ev.compute_ms / 1000)])
+        cfg = self._config()
+        if cfg.transcription is not None or cfg.session_type == "transcription":
             self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id, "content_index": 0,
                        "transcript": text, "usage": {"type": "duration", "seconds": round(ev.audio_ms / 1000, 3)}})
         self.send({"type": "conversation.item.done", "previous_item_id": self.conversation.previous_id(item.id), "item": item.render()})
-        td = self.config.turn_detection
-        wants_answer = (td is not None and td.create_response and self.config.session_type == "realtime"
+        td = cfg.turn_detection
+        wants_answer = (td is not None and td.create_response and cfg.session_type == "realtime"
                         and (text.strip() or ev.trigger == "timeout")  # an idle timeout's turn is answered though silent
                         and not self.turns.superseded(ev.turn))
         if not wants_answer:
-            self._discard(held)
+            self.responses.discard(held)
             return
-        self.cancel_active("turn_detected")
+        self.responses.cancel_active("turn_detected")
         release = held is not None and ev.speculative and held.spec_text == text.strip()
         try:  # a full conversation refuses the answer before anything of it is sent
             self.conversation.check_room(items=1 + (len(held.calls) if release else 0))
         except ProtocolError as exc:
-            self._discard(held)
+            self.responses.discard(held)
             self.send_error(exc)
             return
         if release:
-            self._release(held, turn)
+            self.responses.release(held, turn)
             return
-        self._discard(held)
-        resp = self._start_response(self.config)
+        self.responses.discard(held)
+        resp = self.responses.begin(cfg)
         resp.turn_end = turn.end_at or time.perf_counter()
 

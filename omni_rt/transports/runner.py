@@ -17,7 +17,7 @@ from omni_rt.core.coordinator import PipelineError, ResultItem, StreamItem
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.session import commands as cmd
 from omni_rt.session.core import RealtimeSession
-from omni_rt.contracts.payloads import AsrError, AsrEvent, SessionExpired
+from omni_rt.contracts.payloads import AsrError, AsrEvent, AudioInUpdated, AudioInUpdateRefused, SessionExpired
 
 if TYPE_CHECKING:
     from omni_rt.transports.host import TransportHost
@@ -60,13 +60,20 @@ class SessionRunner:
         self._pump()
 
     def _on_audio_in(self, stage: str, event: Any) -> None:
-        """Listener for the audio-in stage: its typed events, and the generic session scheduler's two dicts."""
+        """Listener for the audio-in stage: its typed events, and the generic session scheduler's dicts (an
+        error, an expiry, the reply to an acknowledged ``update``)."""
+        kind = event.get("type") if isinstance(event, dict) else None
         if isinstance(event, AsrEvent):
             self.session.receive_asr(event)
-        elif isinstance(event, dict) and event.get("type") == "error":
+        elif kind == "error":
             self.session.receive_asr(AsrError(0, str(event.get("code", "server_error")), str(event.get("message", "audio-in error"))))
-        elif isinstance(event, dict) and event.get("type") == "session.expired":
+        elif kind == "session.expired":
             self.session.receive_asr(SessionExpired(0, float(event.get("idle_s", 0))))
+        elif kind == "session.op_done":
+            self.session.receive_asr(AudioInUpdated(0, str(event.get("ack"))))
+        elif kind == "session.op_failed":
+            self.session.receive_asr(AudioInUpdateRefused(0, str(event.get("ack")), str(event.get("code", "stage_error")),
+                                                          str(event.get("message", "audio-in error"))))
         self._pump()
 
     def request_close(self, code: int, reason: str) -> None:
@@ -113,7 +120,7 @@ class SessionRunner:
             elif isinstance(c, cmd.ControlAudioIn):
                 coord.session_control(sid, self.audio_in, c.op, **c.data)
             elif isinstance(c, cmd.UpdateAudioIn):
-                coord.session_control(sid, self.audio_in, "update", params=c.params)
+                coord.session_control(sid, self.audio_in, "update", params=c.params, ack=c.update_id)
             elif isinstance(c, cmd.OpenAudioIn):
                 coord.open_session(sid, self.audio_in, c.params, self._on_audio_in)
             elif isinstance(c, cmd.CloseAudioIn):

@@ -1,17 +1,20 @@
-"""The response lifecycle, the part of ``RealtimeSession`` that starts answers, maps their stream chunks (by
-stage role) to GA events, and ends them: done, cancelled (barge-in, client) or failed. Held answers (released or
-discarded) are in ``held_answers``, tool-call output items in ``tool_call_items``. Mixed into
-``RealtimeSession`` (it uses that class's state)."""
+"""The response lifecycle: starts answers, maps their stream chunks (by stage role) to GA events, and ends
+them: done, cancelled (barge-in, client) or failed. It owns the active response (at most one, as the protocol
+says) and the responses running in the pipeline. Held answers' keeping is ``held_answers``, tool-call output
+items ``tool_call_items``; both are handed in, as are the conversation, the outgoing ``send`` and the command
+and observation lists it appends to."""
 
 from __future__ import annotations
 
 import base64
+import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from omni_rt.audio import PIPELINE_OUTPUT_RATE
 from omni_rt.audio.formats import OutputEncoder
 from omni_rt.audio.pcm import pcm16_to_float
+from omni_rt.contracts import payloads as c
 from omni_rt.engine.answer_policy import response_answer_policy
 from omni_rt.realtime.errors import ProtocolError, error_event, failure_message
 from omni_rt.realtime.events import new_id
@@ -19,56 +22,93 @@ from omni_rt.realtime.session_config import SessionConfig
 from omni_rt.session import commands as cmd
 from omni_rt.session.conversation import Conversation, Item
 from omni_rt.session.held_answers import HeldAnswers
-from omni_rt.session.response import Response, ResponseState
+from omni_rt.session.response_state import Response, ResponseState
 from omni_rt.session.tool_call_items import ToolCallItems
-from omni_rt.contracts import payloads as c
+from omni_rt.session.turn import Turn
 
 
-class ResponseLifecycle(HeldAnswers, ToolCallItems):
-    def start_response(self, cfg: SessionConfig, metadata: dict[str, str] | None = None,
-                       in_conversation: bool = True, input_items: list[Item] | None = None) -> Response:
+class ResponseLifecycle:
+    def __init__(self, session_id: str, *, send: Callable[[dict[str, Any]], None], purge_audio: Callable[[str], None],
+                 commands: list[cmd.Command], observations: list[tuple[str, float]], conversation: Conversation,
+                 held: HeldAnswers, tool_calls: ToolCallItems, config: Callable[[], SessionConfig],
+                 max_response_tokens: int, log: logging.LoggerAdapter) -> None:
+        """``config``: the session's current config (read at each use: ``session.update`` replaces it);
+        ``purge_audio``: drops a response's queued audio deltas from the outgoing queue."""
+        self.session_id = session_id
+        self._send, self._purge_audio = send, purge_audio
+        self._commands, self._observations = commands, observations
+        self._conversation, self._held, self._tool_calls = conversation, held, tool_calls
+        self._config, self._max_tokens, self.log = config, max_response_tokens, log
+        self.active: Response | None = None
+        self._running: dict[str, tuple[Response, OutputEncoder | None]] = {}
+
+    def live(self) -> int:
+        return len(self._running)
+
+    # ---- starting ------------------------------------------------------------------------------------
+    def start(self, cfg: SessionConfig, metadata: dict[str, str] | None = None,
+              in_conversation: bool = True, input_items: list[Item] | None = None) -> Response:
         """A client's ``response.create``: refused while another response is active."""
-        if self.config.session_type == "transcription":
+        if self._config().session_type == "transcription":
             raise ProtocolError("invalid_request", "a transcription session creates no responses", "type")
-        if self.response is not None:
+        if self.active is not None:
             raise ProtocolError("conversation_already_has_active_response",
-                                f"response {self.response.id} is still in progress; cancel it first", None)
-        return self._start_response(cfg, metadata=metadata, in_conversation=in_conversation, input_items=input_items)
+                                f"response {self.active.id} is still in progress; cancel it first", None)
+        return self.begin(cfg, metadata=metadata, in_conversation=in_conversation, input_items=input_items)
 
-    def _start_response(self, cfg: SessionConfig, held_user_text: str | None = None, metadata: dict[str, str] | None = None,
-                        in_conversation: bool = True, input_items: list[Item] | None = None) -> Response:
+    def begin(self, cfg: SessionConfig, held_user_text: str | None = None, metadata: dict[str, str] | None = None,
+              in_conversation: bool = True, input_items: list[Item] | None = None) -> Response:
         """Start an answer. With ``held_user_text`` it is prepared from a speculative transcript before the
-        turn has ended: nothing reaches the client or the history until ``_release``. A full conversation
+        turn has ended: nothing reaches the client or the history until ``release``. A full conversation
         refuses an answer before anything of it is sent (``conversation_full``): no half-announced response."""
         if held_user_text is None and in_conversation:
-            self.conversation.check_room()
+            self._conversation.check_room()
         item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress")
         resp = Response(id=new_id("resp"), item=item, modalities=list(cfg.output_modalities), output_format=cfg.output_format,
                         voice=cfg.voice, max_output_tokens=cfg.max_output_tokens, metadata=metadata,
                         in_conversation=in_conversation)
         resp.turn_end = time.perf_counter()
-        source = input_items if input_items is not None else self.conversation.items
+        source = input_items if input_items is not None else self._conversation.items
         messages = Conversation.messages_of(source, cfg.instructions)
         if held_user_text is not None:
             resp.state, resp.spec_text = ResponseState.HELD, held_user_text
             messages.append({"role": "user", "content": held_user_text})
         else:
-            self.response = resp
-        cap = self.limits.max_response_tokens
+            self.active = resp
+        cap = self._max_tokens
         max_tokens = cap if cfg.max_output_tokens == "inf" else min(int(cfg.max_output_tokens), cap)
-        payload: dict[str, Any] = {"messages": messages, "session_id": self.id if in_conversation else None, "max_tokens": max_tokens}
+        payload: dict[str, Any] = {"messages": messages, "session_id": self.session_id if in_conversation else None,
+                                   "max_tokens": max_tokens}
         policy = response_answer_policy(cfg.max_output_tokens)
         if policy is not None:  # the client asked for this many tokens: no sentence/word limit (cut at a boundary)
             payload["answer_policy"] = policy
         if cfg.tools and cfg.tool_choice != "none":
             payload["tools"] = [dict(t) for t in cfg.tools]
             payload["tool_choice"] = cfg.tool_choice
-        self._emit(resp, {"type": "response.created", "response": resp.render(self.id)})
+        self._held.emit(resp, {"type": "response.created", "response": resp.render(self.session_id)})
         encoder = OutputEncoder(resp.output_format, source_rate=PIPELINE_OUTPUT_RATE) if resp.output_format != "audio/pcm" else None
-        self._responses[resp.id] = (resp, encoder)
+        self._running[resp.id] = (resp, encoder)
         self._commands.append(cmd.StartResponse(resp.id, payload))
         return resp
 
+    # ---- held answers --------------------------------------------------------------------------------
+    def release(self, resp: Response, turn: Turn) -> None:
+        """The turn ended as speculated: the held answer becomes the active one and its events go out now."""
+        events = self._held.release(resp, turn)
+        self.active = resp
+        for ev in events:
+            if ev["type"] == "response.output_audio.delta" and resp.first_audio is None:
+                self._first_audio(resp)
+            self._send(ev)
+        if resp.pending_final is not None:  # it finished while held
+            self._finish(resp, *resp.pending_final)
+
+    def discard(self, resp: Response | None) -> None:
+        """Drop a held answer (no trace on the wire) and stop it in the pipeline."""
+        if self._held.discard(resp) and self._running.pop(resp.id, None) is not None:
+            self._commands.append(cmd.AbortResponse(resp.id))
+
+    # ---- stream chunks -------------------------------------------------------------------------------
     def _open_message(self, resp: Response) -> int | None:
         """Announce the assistant message item when its first text or audio arrives (or, with no tool call, when
         the response ends), so a response that only calls tools carries no empty message. Its output index, or
@@ -78,25 +118,26 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
             prev = None
             if resp.state is ResponseState.ACTIVE and resp.in_conversation:
                 try:
-                    prev = self.conversation.add(item)
+                    prev = self._conversation.add(item)
                 except ProtocolError as exc:  # never an event for an item the conversation does not hold
                     resp.message_refused = True
                     self._fail_running(resp, exc)
                     return None
             resp.output.append(item)
             idx = resp.output_index(item)
-            self._emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": idx, "item": item.render()})
+            emit = self._held.emit
+            emit(resp, {"type": "response.output_item.added", "response_id": resp.id, "output_index": idx, "item": item.render()})
             if resp.in_conversation:
-                self._emit(resp, {"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
+                emit(resp, {"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
             part = {"type": "audio", "transcript": ""} if resp.speaks else {"type": "text", "text": ""}
-            self._emit(resp, {"type": "response.content_part.added", "response_id": resp.id, "item_id": item.id,
-                              "output_index": idx, "content_index": 0, "part": part})
+            emit(resp, {"type": "response.content_part.added", "response_id": resp.id, "item_id": item.id,
+                        "output_index": idx, "content_index": 0, "part": part})
         return resp.output_index(item)
 
     def receive_output(self, response_id: str, role: str, data: Any) -> None:
         """A stream chunk of a running response, by the role of the stage that produced it."""
-        entry = self._responses.get(response_id)
-        if entry is None or self.closed:
+        entry = self._running.get(response_id)
+        if entry is None:
             return  # an answer that was cancelled or discarded: its late outputs are dropped
         resp, encoder = entry
         if role == "text" and isinstance(data, c.TextDelta) and data.text:
@@ -107,12 +148,16 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
                 return
             resp.text += data.text
             kind = "response.output_audio_transcript.delta" if resp.speaks else "response.output_text.delta"
-            self._emit(resp, {"type": kind, "response_id": resp.id, "item_id": resp.item.id, "output_index": idx,
-                              "content_index": 0, "delta": data.text})
-        elif role == "text" and isinstance(data, c.ToolCallDelta):
-            self._on_call_delta(resp, data)
-        elif role == "text" and isinstance(data, c.ToolCallDone):
-            self._on_call_done(resp, data)
+            self._held.emit(resp, {"type": kind, "response_id": resp.id, "item_id": resp.item.id, "output_index": idx,
+                                   "content_index": 0, "delta": data.text})
+        elif role == "text" and isinstance(data, (c.ToolCallDelta, c.ToolCallDone)):
+            try:
+                if isinstance(data, c.ToolCallDelta):
+                    self._tool_calls.on_delta(resp, data)
+                else:
+                    self._tool_calls.on_done(resp, data)
+            except ProtocolError as exc:  # the conversation is full: the answer fails (never an unlisted item)
+                self._fail_running(resp, exc)
         elif role == "clauses" and resp.speaks and isinstance(data, c.Clause):
             resp.item.clause_ms.append((int(resp.clause_start_ms), data.text))
             resp.clause_start_ms += data.duration_ms
@@ -122,7 +167,7 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
 
     def receive_result(self, response_id: str, result: Any) -> None:
         """The response's pipeline result: it completed."""
-        entry = self._responses.pop(response_id, None)
+        entry = self._running.pop(response_id, None)
         if entry is None:
             return
         resp, encoder = entry
@@ -135,25 +180,11 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
     def receive_failure(self, response_id: str, code: str, stage: str, message: str) -> None:
         """The response failed in the pipeline: the client gets the code and a short message (the stage's own
         message, which may name engine addresses or carry upstream bodies, goes to the log only)."""
-        entry = self._responses.pop(response_id, None)
+        entry = self._running.pop(response_id, None)
         if entry is None:
             return
         self.log.info("response %s failed in stage %s (%s): %s", response_id, stage, code, message)
         self._fail(entry[0], code, failure_message(code, stage))
-
-    def _fail(self, resp: Response, code: str, message: str) -> None:
-        """End ``resp`` as failed: an ``error`` event, then its done events and ``response.done`` (status
-        ``failed``); a held response keeps both until it is released or discarded."""
-        self._emit(resp, error_event(code, message, type_="server_error"))
-        self._finish(resp, ResponseState.FAILED, code)
-
-    def _fail_running(self, resp: Response, exc: ProtocolError) -> None:
-        """The session cannot go on with a running answer (its output does not fit the conversation): stop it
-        in the pipeline and fail it."""
-        if self._responses.pop(resp.id, None) is not None:
-            self._commands.append(cmd.AbortResponse(resp.id))
-        self._observations.append((f"error.{exc.code}", 1))
-        self._fail(resp, exc.code, exc.message)
 
     def _send_audio(self, resp: Response, data: bytes, samples: int) -> None:
         if not data:
@@ -164,8 +195,8 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
         if idx is None:
             return
         resp.item.audio_ms += int(samples * 1000 / PIPELINE_OUTPUT_RATE) if samples else 0
-        self._emit(resp, {"type": "response.output_audio.delta", "response_id": resp.id, "item_id": resp.item.id, "output_index": idx,
-                          "content_index": 0, "delta": base64.b64encode(data).decode("ascii")})
+        self._held.emit(resp, {"type": "response.output_audio.delta", "response_id": resp.id, "item_id": resp.item.id,
+                               "output_index": idx, "content_index": 0, "delta": base64.b64encode(data).decode("ascii")})
 
     def _first_audio(self, resp: Response) -> None:
         resp.first_audio = time.perf_counter()
@@ -174,21 +205,42 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
             self._observations.append(("ttfa", ttfa / 1000))
             self.log.info("response %s first audio %.0f ms after end of turn", resp.id, ttfa)
 
-    def cancel_response(self, response_id: str | None) -> None:
+    # ---- ending --------------------------------------------------------------------------------------
+    def cancel(self, response_id: str | None) -> None:
         """A client's ``response.cancel``."""
-        if self.response is None or (response_id is not None and response_id != self.response.id):
+        if self.active is None or (response_id is not None and response_id != self.active.id):
             raise ProtocolError("response_cancel_not_active", "there is no active response to cancel", "response_id")
         self.cancel_active("client_cancelled")
 
     def cancel_active(self, reason: str) -> None:
         """Stop the active answer at once: abort it in the pipeline, drop its queued audio, finish it."""
-        resp = self.response
+        resp = self.active
         if resp is None:
             return
-        if self._responses.pop(resp.id, None) is not None:
+        if self._running.pop(resp.id, None) is not None:
             self._commands.append(cmd.AbortResponse(resp.id))
-        self.purge_audio(resp.id)
+        self._purge_audio(resp.id)
         self._finish(resp, ResponseState.CANCELLED, reason)
+
+    def abort_running(self) -> None:
+        """The session closes: stop every response still running in the pipeline."""
+        for rid in list(self._running):
+            self._commands.append(cmd.AbortResponse(rid))
+        self._running.clear()
+
+    def _fail(self, resp: Response, code: str, message: str) -> None:
+        """End ``resp`` as failed: an ``error`` event, then its done events and ``response.done`` (status
+        ``failed``); a held response keeps both until it is released or discarded."""
+        self._held.emit(resp, error_event(code, message, type_="server_error"))
+        self._finish(resp, ResponseState.FAILED, code)
+
+    def _fail_running(self, resp: Response, exc: ProtocolError) -> None:
+        """The session cannot go on with a running answer (its output does not fit the conversation): stop it
+        in the pipeline and fail it."""
+        if self._running.pop(resp.id, None) is not None:
+            self._commands.append(cmd.AbortResponse(resp.id))
+        self._observations.append((f"error.{exc.code}", 1))
+        self._fail(resp, exc.code, exc.message)
 
     def _finish(self, resp: Response, state: ResponseState, reason: str | None = None) -> None:
         """Enter a final state and send the done events (a held response keeps them until release)."""
@@ -201,8 +253,8 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
             self._open_message(resp)
             if resp.state.final:
                 return  # no room for it: the answer was failed instead
-        if self.response is resp:
-            self.response = None
+        if self.active is resp:
+            self.active = None
         resp.transition(state, reason)
         if state is not ResponseState.DONE:
             ttfa = resp.ttfa_ms()
@@ -213,10 +265,11 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
         for call in resp.calls.values():
             if call.status == "in_progress":  # cut off (cancelled, or the token limit): never reported as a whole call
                 call.status = "incomplete"
-                self.send({"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(call),
-                           "item": call.render()})
-        self.send({"type": "response.done", "response": resp.render(self.id)})
-        if self.config.turn_detection is not None and self.config.turn_detection.idle_timeout_ms:  # the idle clock restarts after its playback
+                self._send({"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(call),
+                            "item": call.render()})
+        self._send({"type": "response.done", "response": resp.render(self.session_id)})
+        td = self._config().turn_detection
+        if td is not None and td.idle_timeout_ms:  # the idle clock restarts after its playback
             self._commands.append(cmd.ControlAudioIn("response_done", {"audio_ms": resp.item.audio_ms}))
 
     def _message_done(self, resp: Response, state: ResponseState) -> None:
@@ -229,14 +282,15 @@ class ResponseLifecycle(HeldAnswers, ToolCallItems):
             item.content = [{"type": "output_text", "text": resp.text}]
         item.status = "completed" if state is ResponseState.DONE else "incomplete"
         base = {"response_id": resp.id, "item_id": item.id, "output_index": resp.output_index(item), "content_index": 0}
+        send = self._send
         if resp.speaks:
-            self.send({"type": "response.output_audio.done", **base})
-            self.send({"type": "response.output_audio_transcript.done", **base, "transcript": resp.text})
+            send({"type": "response.output_audio.done", **base})
+            send({"type": "response.output_audio_transcript.done", **base, "transcript": resp.text})
             part = {"type": "audio", "transcript": resp.text}
         else:
-            self.send({"type": "response.output_text.done", **base, "text": resp.text})
+            send({"type": "response.output_text.done", **base, "text": resp.text})
             part = {"type": "text", "text": resp.text}
-        self.send({"type": "response.content_part.done", **base, "part": part})
-        self.send({"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(item), "item": item.render()})
-        if resp.in_conversation and item in self.conversation.items:  # not for an item the client deleted meanwhile
-            self.send({"type": "conversation.item.done", "item": item.render(), "previous_item_id": self.conversation.previous_id(item.id)})
+        send({"type": "response.content_part.done", **base, "part": part})
+        send({"type": "response.output_item.done", "response_id": resp.id, "output_index": resp.output_index(item), "item": item.render()})
+        if resp.in_conversation and item in self._conversation.items:  # not for an item the client deleted meanwhile
+            send({"type": "conversation.item.done", "item": item.render(), "previous_item_id": self._conversation.previous_id(item.id)})

@@ -1,4 +1,5 @@
-"""One response: an explicit state machine, its output item, and what the listener has heard.
+"""One response as a record: an explicit state machine, its output items, and what the listener has heard.
+``response_lifecycle`` drives it; this module holds no session state.
 
 States::
 
