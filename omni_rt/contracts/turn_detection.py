@@ -90,12 +90,15 @@ OPEN_WORDS = frozenset((
     "is are was were am be does do did can could would will should shall must").split()) | FILLERS  # auxiliaries
 LEAD_IN_WORDS = frozenset("hi hello hey there good morning afternoon evening so well okay ok oh".split())
 OPEN_ENDINGS = ("...", "\u2026", ",", "-")
-WORDS_CUES = ("open", "lead_in", "can_end", "empty")
+GUESSED_WORD_BELOW = 0.5  # Whisper's probability of the last word under which it is a guess (cue ``guess``)
+QUESTION_SURE_FROM = 0.8  # ... from which a "?" ending is a finished question (cue ``question``)
+WORDS_CUES = ("open", "lead_in", "guess", "question", "can_end", "empty")
 _WORD = re.compile(r"[a-z']+")
 
 
-def words_cue(text: str) -> str:
-    """What the speculative transcript says about the turn's end: ``open``, ``lead_in``, ``can_end`` or ``empty``."""
+def words_cue(text: str, last_word_prob: float | None = None) -> str:
+    """What the speculative transcript says about the turn's end (one of ``WORDS_CUES``); ``last_word_prob``:
+    Whisper's probability of the last word (None: not known, so neither ``guess`` nor ``question``)."""
     t = text.strip().lower()
     words = _WORD.findall(t)
     if not words:
@@ -104,6 +107,10 @@ def words_cue(text: str) -> str:
         return "open"
     if all(w in LEAD_IN_WORDS for w in words):
         return "lead_in"
+    if last_word_prob is not None and last_word_prob < GUESSED_WORD_BELOW:
+        return "guess"
+    if last_word_prob is not None and last_word_prob >= QUESTION_SURE_FROM and t.endswith("?"):
+        return "question"
     return "can_end"
 
 
@@ -113,7 +120,7 @@ class Eagerness:
 
     sure_threshold: float
     complete_silence_ms: int
-    complete_threshold: float  # audio-only "unsure" threshold, used when the transcript has no words
+    complete_threshold: float  # audio-only "unsure" threshold (no words), and the least a "question" needs to be sure
     unsure_silence_ms: int
     max_silence_ms: int
 
@@ -121,11 +128,11 @@ class Eagerness:
         """Silence after which the turn ends, given this pause's audio score and words cue (None: not in yet)."""
         if prob is None or cue is None or cue == "open":
             return self.max_silence_ms
-        if cue == "lead_in":
+        if cue in ("lead_in", "guess"):
             return self.unsure_silence_ms
-        if prob >= self.sure_threshold:
+        if prob >= self.sure_threshold or cue == "question" and prob >= self.complete_threshold:
             return self.complete_silence_ms
-        if cue == "can_end" or prob >= self.complete_threshold:
+        if cue != "empty" or prob >= self.complete_threshold:
             return self.unsure_silence_ms
         return self.max_silence_ms
 

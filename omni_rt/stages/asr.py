@@ -170,9 +170,11 @@ class AsrSessionScheduler(SessionScheduler):
         """The Smart Turn model, loaded once; a missing model is a clear error naming the package and file."""
         return self._turns.model()
 
-    def _decode(self, session_id: str, kind: str, audio: np.ndarray, wanted: Any = None, **meta: Any) -> None:
-        """Transcribe on the decode worker; the result returns to the session thread as a ``_decoded`` op."""
-        self._decoder.submit(DecodeJob(session_id, kind, audio.copy(), wanted, meta))
+    def _decode(self, session_id: str, kind: str, audio: np.ndarray, wanted: Any = None, scored: bool = False,
+                **meta: Any) -> None:
+        """Transcribe on the decode worker; the result returns to the session thread as a ``_decoded`` op
+        (``scored``: with the last word's probability, for semantic_vad's verdict)."""
+        self._decoder.submit(DecodeJob(session_id, kind, audio.copy(), wanted, meta, scored))
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _new_vad(self, td: TurnDetection) -> Any:
@@ -308,7 +310,8 @@ class AsrSessionScheduler(SessionScheduler):
                 wanted = None
                 if st.td.semantic is not None:  # skip it if speech resumed while it queued (a benign cross-thread read)
                     wanted = lambda: st.epoch == epoch or (st.awaiting_final or {}).get("epoch") == epoch  # noqa: E731
-                self._decode(sid, "speculative", st.seg.audio(), wanted=wanted, epoch=epoch, turn=st.turn + 1)
+                self._decode(sid, "speculative", st.seg.audio(), wanted=wanted, scored=st.td.semantic is not None,
+                             epoch=epoch, turn=st.turn + 1)
             elif st.speculative is not None and not st.spec_announced and self._likely_end(st):
                 self._announce(sid, st, st.speculative, asr_ms=0.0)
             return
@@ -431,7 +434,7 @@ class AsrSessionScheduler(SessionScheduler):
             elif data["epoch"] == st.epoch and not data.get("stale"):
                 st.speculative, st.spec_pending = text, False
                 if st.td.semantic is not None and st.seg.vad.in_speech:
-                    st.verdict.hear(text)  # the words of this pause: half of semantic_vad's verdict
+                    st.verdict.hear(text, data.get("last_word_prob"))  # the words of this pause: half of the verdict
                 # lets the session start answering in the silence; the answer is held until the turn ends
                 if self._likely_end(st):
                     self._announce(sid, st, text, asr_ms=data["asr_ms"])

@@ -39,8 +39,8 @@ class PauseVerdict:
         self.pause += 1
         self.prob, self.words, self.pending = None, None, False
 
-    def hear(self, text: str) -> None:
-        self.words = words_cue(text)
+    def hear(self, text: str, last_word_prob: float | None = None) -> None:
+        self.words = words_cue(text, last_word_prob)
 
     def end_silence_ms(self, eager: Eagerness) -> int:
         return eager.end_silence_ms(self.prob, self.words)
