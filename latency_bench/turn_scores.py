@@ -48,8 +48,10 @@ class PauseScore:
     def end_silence_ms(self, eager: tdm.Eagerness, words: bool = True, confidence: bool = True, second: bool = True) -> int:
         """The silence after which the stage ends the turn at this pause (``words=False``: Smart Turn alone;
         ``confidence=False``: the words without Whisper's last-word probability; ``second=False``: no second look)."""
-        cue = tdm.words_cue(self.text, self.last_word_prob if confidence else None) if words else "empty"
-        return eager.end_silence_ms(self.audio_prob, cue, self.second_prob if second else None)
+        lwp = self.last_word_prob if confidence else None
+        cue = tdm.words_cue(self.text, lwp) if words else "empty"
+        looked = second and eager.wants_second_look(self.audio_prob, cue, lwp)  # as the stage: only when it asks
+        return eager.end_silence_ms(self.audio_prob, cue, self.second_prob if looked else None)
 
 
 def _pauses(sp: Spoken, vad_model: Any) -> Iterable[tuple[np.ndarray, float, float]]:
@@ -193,19 +195,21 @@ def load_scorers() -> tuple[Any, Any, Any]:
 
 
 def main() -> None:
-    """``python -m latency_bench.turn_scores [--held-out] [--thinker]``: score the set and print the rates the
+    """``python -m latency_bench.turn_scores [--held-out] [--room-noise] [--thinker]``: score the set and print the rates the
     eagerness table rests on, for four rules: Smart Turn alone, with the words (text only: the rule before
     Whisper's last-word probability), with the words and that probability, and with the second look too (what
     the stage runs).
     ``--held-out``: the items written after the rule was fitted (``turn_set.HELD_OUT``) instead of the set;
+    ``--room-noise``: with light white noise under the audio (``turn_set.with_room_noise``), silences included;
     ``--thinker``: also the thinker's end-of-turn probability on the same transcripts."""
     import json
     import sys
 
-    from latency_bench.turn_set import spoken_set
+    from latency_bench.turn_set import spoken_set, with_room_noise
 
     t0 = time.perf_counter()
-    scores = score_set(spoken_set(held_out="--held-out" in sys.argv), *load_scorers())
+    spoken = spoken_set(held_out="--held-out" in sys.argv)
+    scores = score_set(with_room_noise(spoken) if "--room-noise" in sys.argv else spoken, *load_scorers())
     print(f"{len(scores)} pauses scored in {time.perf_counter() - t0:.0f} s")
     print(json.dumps(distributions(scores), indent=1))
     for eagerness in ("low", "medium", "high"):

@@ -199,8 +199,9 @@ def test_semantic_vad_config_defaults_and_echo() -> None:
         assert sem.end_silence_ms(thr, "question") == sem.complete_silence_ms < sem.end_silence_ms(thr, "can_end")
         assert sem.end_silence_ms(thr - 0.01, "question") == sem.unsure_silence_ms
         # the second look: an unsure verdict on words that can end, sure at SECOND_LOOK_MS, ends there (not with low)
-        assert sem.wants_second_look(0.1, "can_end") == sem.second_look == (eagerness != "low")
-        assert not sem.wants_second_look(0.99, "can_end") and not sem.wants_second_look(0.1, "guess")
+        assert sem.wants_second_look(0.1, "can_end", 0.9) == sem.second_look == (eagerness != "low")
+        assert not sem.wants_second_look(0.99, "can_end", 0.9) and not sem.wants_second_look(0.1, "guess", 0.9)
+        assert not sem.wants_second_look(0.1, "can_end", 0.7) and not sem.wants_second_look(0.1, "can_end", None)
         assert sem.end_silence_ms(0.1, "can_end", second=0.99) == (tdm.SECOND_LOOK_MS if sem.second_look else sem.unsure_silence_ms)
         assert sem.end_silence_ms(0.1, "can_end", second=0.1) == sem.end_silence_ms(0.1, "guess", second=0.99) == sem.unsure_silence_ms
     # server_vad keeps its exact shape; idle_timeout_ms appears only when asked for
@@ -327,7 +328,8 @@ def test_semantic_vad_second_look_on_the_stage(asr_stage, turn_scores) -> None:
     auto = tdm.EAGERNESS_SETTINGS["auto"]
     by_key = {f"{sp.variant}/{sp.item.text}": sp for sp in spoken_set()}
     later = sorted((s for s in turn_scores if s.final and s.kind == "complete" and s.words == "can_end"
-                    and s.audio_prob < 0.5 and (s.second_prob or 0) >= 0.95), key=lambda s: -(s.second_prob or 0))
+                    and s.audio_prob < 0.5 and (s.second_prob or 0) >= 0.95 and (s.last_word_prob or 0) >= 0.9),
+                   key=lambda s: -(s.second_prob or 0))
     assert later, "no complete utterance with a sure second look in the set"
     sp = by_key[later[0].key]
     events = run_stream(asr_stage, "second-look", {"type": "semantic_vad", "eagerness": "auto"}, sp.audio)

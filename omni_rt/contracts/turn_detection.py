@@ -15,7 +15,7 @@ transcript's last word. The words give a *cue* (``words_cue``):
 * ``lead_in``: nothing but a greeting or interjection ("Hi there.", "Hello?", "So"): people go on after it;
 * ``guess``: it could end, but Whisper's last word has p < ``GUESSED_WORD_BELOW`` (0.5): at a pause after a
   clause that cannot end, Whisper often invents a closing word ("park or" -> "parkour.", "to" -> "to you.");
-* ``question``: it ends in "?" and Whisper is sure of the last word (p >= ``QUESTION_SURE_FROM``, 0.8);
+* ``question``: it ends in "?" and Whisper is sure of the last word (p >= ``SURE_WORD_FROM``, 0.8);
 * ``can_end``: anything else (a sentence that could be finished);
 * ``empty``: Whisper heard no words (a cough, a breath): the audio alone decides.
 
@@ -127,7 +127,7 @@ OPEN_WORDS = frozenset((
 LEAD_IN_WORDS = frozenset("hi hello hey there good morning afternoon evening so well okay ok oh".split())
 OPEN_ENDINGS = ("...", "\u2026", ",", "-")
 GUESSED_WORD_BELOW = 0.5  # Whisper's probability of the last word under which it is a guess (cue ``guess``)
-QUESTION_SURE_FROM = 0.8  # ... from which a "?" ending is a finished question (cue ``question``)
+SURE_WORD_FROM = 0.8  # ... from which Whisper is sure of it: a "?" is a question (cue), an unsure verdict gets a second look
 WORDS_CUES = ("open", "lead_in", "guess", "question", "can_end", "empty")
 _WORD = re.compile(r"[a-z']+")
 
@@ -145,7 +145,7 @@ def words_cue(text: str, last_word_prob: float | None = None) -> str:
         return "lead_in"
     if last_word_prob is not None and last_word_prob < GUESSED_WORD_BELOW:
         return "guess"
-    if last_word_prob is not None and last_word_prob >= QUESTION_SURE_FROM and t.endswith("?"):
+    if last_word_prob is not None and last_word_prob >= SURE_WORD_FROM and t.endswith("?"):
         return "question"
     return "can_end"
 
@@ -177,9 +177,12 @@ class Eagerness:
     def _sure(self, prob: float, cue: str) -> bool:
         return prob >= self.sure_threshold or cue == "question" and prob >= self.complete_threshold
 
-    def wants_second_look(self, prob: float | None, cue: str | None) -> bool:
-        """The first verdict is unsure although the words can end: Smart Turn scores it again at SECOND_LOOK_MS."""
-        return self.second_look and prob is not None and cue in ("can_end", "question") and not self._sure(prob, cue)
+    def wants_second_look(self, prob: float | None, cue: str | None, last_word_prob: float | None) -> bool:
+        """The first verdict is unsure although the words can end and Whisper is sure of the last word (>=
+        ``SURE_WORD_FROM``): Smart Turn scores it again at SECOND_LOOK_MS. (A ``second`` score passed to
+        ``end_silence_ms`` is one taken because this said so.)"""
+        return (self.second_look and prob is not None and cue in ("can_end", "question") and not self._sure(prob, cue)
+                and last_word_prob is not None and last_word_prob >= SURE_WORD_FROM)
 
 
 EAGERNESS_SETTINGS: dict[str, Eagerness] = {

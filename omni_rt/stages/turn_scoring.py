@@ -31,6 +31,7 @@ class PauseVerdict:
     pause: int = 0
     prob: float | None = None
     words: str | None = None
+    last_word_prob: float | None = None  # Whisper's probability of the transcript's last word
     second: float | None = None  # Smart Turn at SECOND_LOOK_MS, when the first verdict was unsure
     pending: bool = False  # a Smart Turn score for this pause is in flight
     score_ms: float = 0.0
@@ -38,17 +39,18 @@ class PauseVerdict:
 
     def new_pause(self) -> None:
         self.pause += 1
-        self.prob, self.words, self.second, self.pending = None, None, None, False
+        self.prob, self.words, self.last_word_prob, self.second, self.pending = None, None, None, None, False
 
     def hear(self, text: str, last_word_prob: float | None = None) -> None:
-        self.words = words_cue(text, last_word_prob)
+        self.words, self.last_word_prob = words_cue(text, last_word_prob), last_word_prob
 
     def end_silence_ms(self, eager: Eagerness) -> int:
         return eager.end_silence_ms(self.prob, self.words, self.second)
 
     def wants_second_look(self, eager: Eagerness) -> bool:
         """The first verdict is in, unsure, on words that can end, and no second score is in or in flight."""
-        return self.second is None and not self.pending and self.words is not None and eager.wants_second_look(self.prob, self.words)
+        return (self.second is None and not self.pending and self.words is not None
+                and eager.wants_second_look(self.prob, self.words, self.last_word_prob))
 
     def decided(self, eager: Eagerness) -> bool:
         """Both inputs are in and they end the turn before the max silence."""
