@@ -26,7 +26,8 @@ WINDOW_S = 8  # Smart Turn hears the last 8 s
 @dataclass
 class PauseVerdict:
     """The current pause of one session: ``pause`` numbers it (bumped when speech resumes: older scores are
-    stale); ``prob`` (Smart Turn) and ``words`` (the cue of the speculative transcript) arrive separately."""
+    stale); ``prob`` (Smart Turn) and ``words`` (the cue of the speculative transcript) arrive separately, and
+    ``second`` (Smart Turn again at ``SECOND_LOOK_MS``) only if the first verdict asks for a second look."""
 
     pause: int = 0
     prob: float | None = None
