@@ -1169,15 +1169,17 @@ def turn_taking_markdown(result: dict[str, Any]) -> str:
                   "|---|---|---|---|---|"]
         for mode, r in st["modes"].items():
             sure = f"{r['ended_sure']}/{r['endings']}" if "ended_sure" in r else "-"
+            if r.get("ended_second_look"):
+                sure += f" (+{r['ended_second_look']} at the second look)"
             e = r["end_silence_ms"]
             lines.append(f"| {mode} | {frac(r['false_end_hesitant'])} | {frac(r['false_end_complete'])} | {sure} | "
                          f"{e['p50']:.0f} / {e['p95']:.0f} |")
-        lines += ["", "Smart Turn's score and the transcript's cue (open / lead-in / can end / empty) per kind of pause:", "",
-                  "| pause | n | Smart Turn p5 / p50 / p95 | words: open / lead-in / can end / empty |", "|---|---|---|---|"]
+        lines += ["", "Smart Turn's score and the transcript's cue (open / lead-in / guess / question / can end / empty) per kind of pause:", "",
+                  "| pause | n | Smart Turn p5 / p50 / p95 | words: open / lead-in / guess / question / can end / empty |", "|---|---|---|---|"]
         for name, d in st["distributions"].items():
             w = d["words"]
             lines.append(f"| {name} | {d['n']} | {d['audio_p5']:.3f} / {d['audio_p50']:.3f} / {d['audio_p95']:.3f} | "
-                         f"{w['open']} / {w['lead_in']} / {w['can_end']} / {w['empty']} |")
+                         f"{w['open']} / {w['lead_in']} / {w['guess']} / {w['question']} / {w['can_end']} / {w['empty']} |")
         lines.append("")
     lines += ["Live, through the server (voice 'plain', a client streaming like a live mic):", "",
               "| mode | sessions | complete turns ok | V2V p50 / p95 / max | TTFA p50 / p95 | end of speech -> speech_stopped p50 / p95 "

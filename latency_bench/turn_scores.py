@@ -38,14 +38,20 @@ class PauseScore:
     text: str
     score_ms: float
     decode_ms: float
+    last_word_prob: float | None = None  # Whisper's probability of the transcript's last word
+    second_prob: float | None = None  # Smart Turn at SECOND_LOOK_MS of silence (None: the pause was shorter)
 
     @property
     def words(self) -> str:
-        return tdm.words_cue(self.text)
+        return tdm.words_cue(self.text, self.last_word_prob)
 
-    def end_silence_ms(self, eager: tdm.Eagerness, words: bool = True) -> int:
-        """The silence after which the stage ends the turn at this pause (``words=False``: Smart Turn alone, as before)."""
-        return eager.end_silence_ms(self.audio_prob, self.words if words else "empty")
+    def end_silence_ms(self, eager: tdm.Eagerness, words: bool = True, confidence: bool = True, second: bool = True) -> int:
+        """The silence after which the stage ends the turn at this pause (``words=False``: Smart Turn alone;
+        ``confidence=False``: the words without Whisper's last-word probability; ``second=False``: no second look)."""
+        lwp = self.last_word_prob if confidence else None
+        cue = tdm.words_cue(self.text, lwp) if words else "empty"
+        looked = second and eager.wants_second_look(self.audio_prob, cue, lwp)  # as the stage: only when it asks
+        return eager.end_silence_ms(self.audio_prob, cue, self.second_prob if looked else None)
 
 
 def _pauses(sp: Spoken, vad_model: Any) -> Iterable[tuple[np.ndarray, float, float]]:
@@ -77,23 +83,36 @@ def _pauses(sp: Spoken, vad_model: Any) -> Iterable[tuple[np.ndarray, float, flo
 
 def score_set(spoken: Iterable[Spoken], vad_model: Any, turn_model: Any, transcriber: Any) -> list[PauseScore]:
     out: list[PauseScore] = []
+    later = (tdm.SECOND_LOOK_MS - tdm.SCORE_AFTER_MS) * SR // 1000
     for sp in spoken:
         for audio, at_ms, lasts in _pauses(sp, vad_model):
             t0 = time.perf_counter()
             prob = float(turn_model.predict(audio[-8 * SR :]))
+            second = None
+            if lasts >= tdm.SECOND_LOOK_MS:  # the turn as the stage holds it at the second look
+                end = int(at_ms * SR / 1000) + later
+                second = float(turn_model.predict(sp.audio[max(end - audio.size - later, end - 8 * SR) : end]))
             t1 = time.perf_counter()
-            text = transcriber.transcribe(audio).strip()
+            if hasattr(transcriber, "transcribe_batch_scored"):  # what the stage's speculative decode runs
+                text, last_word_prob = transcriber.transcribe_batch_scored([audio])[0]
+            else:
+                text, last_word_prob = transcriber.transcribe(audio), None
+            text = text.strip()
             t2 = time.perf_counter()
             final = at_ms > sp.speech_end_ms
             hesitation = not final and any(s / SR * 1000 <= at_ms <= e / SR * 1000 + 100 for s, e in sp.pauses)
             out.append(PauseScore(f"{sp.variant}/{sp.item.text}", sp.item.kind, sp.item.shape, final, hesitation, lasts,
-                                  sp.speech_end_ms, at_ms, prob, text, round(1000 * (t1 - t0), 1), round(1000 * (t2 - t1), 1)))
+                                  sp.speech_end_ms, at_ms, prob, text, round(1000 * (t1 - t0), 1), round(1000 * (t2 - t1), 1),
+                                  last_word_prob, second))
     return out
 
 
-def rates(scores: list[PauseScore], eagerness: str = "auto", words: bool = True) -> dict[str, Any]:
+def rates(scores: list[PauseScore], eagerness: str = "auto", words: bool = True, confidence: bool = True,
+          second: bool = True) -> dict[str, Any]:
     """Per eagerness: false end of turn (any pause inside an utterance outlasting its end silence) per hesitant
-    utterance and per complete one, and the end silence the verdict picks on complete speech."""
+    utterance and per complete one, and the end silence the verdict picks at the end of each utterance not cut
+    (``ended_sure``: at the "sure" silence; ``ended_second_look``: at SECOND_LOOK_MS; ``_complete``: of the
+    complete utterances only)."""
     eager = tdm.EAGERNESS_SETTINGS[eagerness]
     by_key: dict[str, list[PauseScore]] = {}
     for s in scores:
@@ -101,23 +120,29 @@ def rates(scores: list[PauseScore], eagerness: str = "auto", words: bool = True)
     false_end = {"hesitant": [0, 0], "complete": [0, 0]}
     cut: list[str] = []
     end_silence: list[int] = []
-    sure = 0
+    sure = sure_c = n_c = second_all = second_c = 0
     for key, pauses in by_key.items():
         kind = pauses[0].kind
-        early = any(not p.final and p.lasts_ms >= p.end_silence_ms(eager, words) for p in pauses)
+        early = any(not p.final and p.lasts_ms >= p.end_silence_ms(eager, words, confidence, second) for p in pauses)
         false_end[kind][0] += early
         if early:
             cut.append(key)
         false_end[kind][1] += 1
         finals = [p for p in pauses if p.final]
         if finals and not early:
-            ms = finals[0].end_silence_ms(eager, words)
+            ms = finals[0].end_silence_ms(eager, words, confidence, second)
             end_silence.append(ms)
             sure += ms <= eager.complete_silence_ms
+            second_all += ms == tdm.SECOND_LOOK_MS
+            if kind == "complete":
+                n_c += 1
+                sure_c += ms <= eager.complete_silence_ms
+                second_c += ms == tdm.SECOND_LOOK_MS
     return {
         "eagerness": eagerness,
         "false_end_hesitant": false_end["hesitant"], "false_end_complete": false_end["complete"],
-        "endings": len(end_silence), "ended_sure": sure, "cut": cut,
+        "endings": len(end_silence), "ended_sure": sure, "ended_second_look": second_all, "cut": cut,
+        "endings_complete": n_c, "ended_sure_complete": sure_c, "ended_second_look_complete": second_c,
         "end_silence_ms": {"p50": _pct(end_silence, 50), "p95": _pct(end_silence, 95), "max": max(end_silence, default=None)},
     }
 
@@ -170,22 +195,30 @@ def load_scorers() -> tuple[Any, Any, Any]:
 
 
 def main() -> None:
-    """``python -m latency_bench.turn_scores [--thinker]``: score the set and print the rates the eagerness table
-    rests on (``--thinker``: also the thinker's end-of-turn probability on the same transcripts)."""
+    """``python -m latency_bench.turn_scores [--held-out] [--room-noise] [--thinker]``: score the set and print the rates the
+    eagerness table rests on, for four rules: Smart Turn alone, with the words (text only: the rule before
+    Whisper's last-word probability), with the words and that probability, and with the second look too (what
+    the stage runs).
+    ``--held-out``: the items written after the rule was fitted (``turn_set.HELD_OUT``) instead of the set;
+    ``--room-noise``: with light white noise under the audio (``turn_set.with_room_noise``), silences included;
+    ``--thinker``: also the thinker's end-of-turn probability on the same transcripts."""
     import json
     import sys
 
-    from latency_bench.turn_set import spoken_set
+    from latency_bench.turn_set import spoken_set, with_room_noise
 
     t0 = time.perf_counter()
-    scores = score_set(spoken_set(), *load_scorers())
+    spoken = spoken_set(held_out="--held-out" in sys.argv)
+    scores = score_set(with_room_noise(spoken) if "--room-noise" in sys.argv else spoken, *load_scorers())
     print(f"{len(scores)} pauses scored in {time.perf_counter() - t0:.0f} s")
     print(json.dumps(distributions(scores), indent=1))
     for eagerness in ("low", "medium", "high"):
-        for words in (False, True):
-            r = rates(scores, eagerness, words)
-            print(f"{eagerness:6} {'audio+words' if words else 'audio only '}: false end hesitant {r['false_end_hesitant']}, "
-                  f"complete {r['false_end_complete']}; ended sure {r['ended_sure']}/{r['endings']}, end silence {r['end_silence_ms']}")
+        for name, words, confidence, second in (("audio only   ", False, False, False), ("audio+text   ", True, False, False),
+                                                ("audio+words  ", True, True, False), ("+second look ", True, True, True)):
+            r = rates(scores, eagerness, words, confidence, second)
+            print(f"{eagerness:6} {name}: false end hesitant {r['false_end_hesitant']}, complete {r['false_end_complete']}; "
+                  f"ended sure {r['ended_sure']}/{r['endings']} (complete {r['ended_sure_complete']}/{r['endings_complete']}, "
+                  f"+{r['ended_second_look_complete']} at {tdm.SECOND_LOOK_MS} ms), end silence {r['end_silence_ms']}")
             if words and eagerness == "medium":
                 print("   cut:", r["cut"])
     if "--thinker" in sys.argv:  # the third cue, measured: does P(end of turn | transcript) separate them?

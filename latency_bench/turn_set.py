@@ -10,6 +10,9 @@ a clause that cannot end there ("for", "and", "the", "to"), a pause, then the re
 (``omni_rt.backends.tts_piper``) in each ``VARIANTS`` voice setting; VITS noise is seeded (the seed is set
 before the ONNX session is built and the set is always spoken in one order), so every run hears the same audio.
 
+``HELD_OUT``: 16 more items, written after the rule was fitted to ``ITEMS``; only the bench scores them
+(``python -m latency_bench.turn_scores --held-out``), so their rates are reported apart, never tuned on.
+
 ``spoken_set()`` synthesizes once per process and caches (tests call it from a session fixture; the bench once).
 """
 
@@ -94,6 +97,27 @@ ITEMS: tuple[Item, ...] = (
     _h("open clause", "Turn on the lights in the kitchen and", "the living room.", 600),
 )
 
+# Held out: written after the rule was fitted to ITEMS (2026-12-02, Whisper's last-word probability and the "?"
+# cue), spoken the same way and scored only by the bench (``turn_scores --held-out``), never tuned on.
+HELD_OUT: tuple[Item, ...] = (
+    _c("question", "Where is the nearest train station?"),
+    _c("question", "How far away is the moon?"),
+    _c("greeting+question", "Hi, could you check my messages?"),
+    _c("can-you", "Can you speak louder?"),
+    _c("long request", "Would you mind telling me what the weather will be like this weekend in Berlin?"),
+    _c("statement", "I had pasta for dinner last night."),
+    _c("imperative", "Open the front door."),
+    _c("short", "No, thanks."),
+    _h("filler", "Where did I, um,", "put my keys?", 600),
+    _h("filler", "Can you, uh,", "call my sister?", 700),
+    _h("filler", "What is the best way to, um,", "learn French?", 800),
+    _h("filler", "I want to, uh,", "cancel my order.", 650),
+    _h("open clause", "Add eggs and butter to", "the shopping list.", 600),
+    _h("open clause", "How long does it take to drive from", "Boston to Chicago?", 700),
+    _h("open clause", "I am looking for a gift for", "my father.", 750),
+    _h("open clause", "Is it going to rain or", "snow today?", 550),
+)
+
 # (name, length_scale, noise_scale, noise_w_scale, seed): two speaking rates, with and without VITS noise
 VARIANTS: tuple[tuple[str, float, float, float, int], ...] = (
     ("plain", 1.0, 0.0, 0.0, 0),
@@ -135,8 +159,9 @@ def _voice(length_scale: float, noise: float, noise_w: float, seed: int):
 
 
 @lru_cache(maxsize=None)
-def spoken_set(variants: tuple[str, ...] | None = None) -> tuple[Spoken, ...]:
-    """Every item in every variant (or the named ones), synthesized once per process."""
+def spoken_set(variants: tuple[str, ...] | None = None, held_out: bool = False) -> tuple[Spoken, ...]:
+    """Every item in every variant (or the named ones), synthesized once per process (``held_out``: ``HELD_OUT``
+    instead of ``ITEMS``)."""
     from omni_rt.audio.pcm import resample
 
     out: list[Spoken] = []
@@ -144,7 +169,7 @@ def spoken_set(variants: tuple[str, ...] | None = None) -> tuple[Spoken, ...]:
         if variants is not None and name not in variants:
             continue
         tts = _voice(ls, ns, nw, seed)
-        for item in ITEMS:  # always the whole set in one order: the seeded noise stream is then the same
+        for item in HELD_OUT if held_out else ITEMS:  # always the whole set in one order: the seeded noise is the same
             pieces = [np.zeros(SR * LEAD_MS // 1000, np.float32)]
             pauses: list[tuple[int, int]] = []
             for i, part in enumerate(item.parts):
@@ -157,6 +182,17 @@ def spoken_set(variants: tuple[str, ...] | None = None) -> tuple[Spoken, ...]:
             pieces.append(np.zeros(SR * TAIL_MS // 1000, np.float32))
             out.append(Spoken(item, name, np.concatenate(pieces), end, tuple(pauses)))
     return tuple(out)
+
+
+ROOM_NOISE_RMS = 0.003  # light room noise (white, about -50 dBFS; Piper's speech is ~-20 dBFS): SNR ~30 dB
+
+
+def with_room_noise(spoken: tuple[Spoken, ...], rms: float = ROOM_NOISE_RMS, seed: int = 5) -> tuple[Spoken, ...]:
+    """The same utterances with seeded white noise under them, silences included (a live mic is never digital
+    silence); the bench's ``--room-noise`` scores these apart from the clean set."""
+    rng = np.random.default_rng(seed)
+    return tuple(Spoken(sp.item, sp.variant + "+room", (sp.audio + rng.normal(0.0, rms, sp.audio.size)).astype(np.float32),
+                        sp.speech_end, sp.pauses) for sp in spoken)
 
 
 def counts() -> dict[str, int]:

@@ -174,6 +174,7 @@ class TurnScored(AsrEvent):
     words: str = "empty"  # the speculative transcript's cue (omni_rt.contracts.turn_detection.words_cue)
     end_silence_ms: int = 0
     queue_ms: float = 0.0  # how long the Smart Turn score waited for its thread (score_ms: computing)
+    look: int = 1  # 2: the second look (Smart Turn again at SECOND_LOOK_MS of silence after an unsure verdict)
 
 
 @dataclass(slots=True)

@@ -24,7 +24,9 @@ session tells a decode that is still valid from one made stale by new speech.
 thread) while the speculative Whisper decode of the same audio starts on the decode worker; the verdict needs
 both, the sound and the words of that transcript. The transcript is announced (``transcript.speculative``, which
 starts the held answer) only once the verdict says the turn's end is near (``_likely_end``); the turn ends when
-the verdict's silence has passed. A hesitation pause thus costs one score and one decode, never an answer;
+the verdict's silence has passed; an unsure verdict on words that can end is scored once more at
+``SECOND_LOOK_MS`` (Smart Turn is surer of a finished sentence later). A hesitation pause thus costs one or two
+scores and one decode, never an answer;
 decodes still queued behind a pause that speech has since ended are skipped, so a wrong guess does not delay
 the real turn's decode.
 
@@ -56,7 +58,7 @@ import numpy as np
 from omni_rt.core.messages import IncomingMessage
 from omni_rt.core.session_scheduler import Session, SessionLimitError, SessionScheduler
 from omni_rt.audio import PIPELINE_INPUT_RATE
-from omni_rt.contracts.turn_detection import SCORE_AFTER_MS, SERVER_VAD, TurnDetection
+from omni_rt.contracts.turn_detection import SCORE_AFTER_MS, SECOND_LOOK_MS, SERVER_VAD, TurnDetection
 from omni_rt.stages.asr_decoding import DecodeJob, DecodeQueue, Transcriber
 from omni_rt.stages.turn_audio import TurnAudio
 from omni_rt.stages.turn_scoring import PauseVerdict, TurnScorer
@@ -124,7 +126,7 @@ class AsrSessionScheduler(SessionScheduler):
         self.speculative_alone_after_ms = speculative_after_ms if speculative_alone_after_ms is None else speculative_alone_after_ms
         self.partial_interval_samples = int(partial_interval_ms * SAMPLE_RATE / 1000)
         self.max_turn_samples = int(max_turn_s * SAMPLE_RATE)
-        self.counters = {"turns": 0, "speculative_hits": 0, "speculative_misses": 0, "turn_scores": 0,
+        self.counters = {"turns": 0, "speculative_hits": 0, "speculative_misses": 0, "turn_scores": 0, "turn_second_looks": 0,
                          "semantic_early_ends": 0, "stale_decodes_skipped": 0,
                          "decode_batches": 0, "batched_decodes": 0, "max_batch_seen": 0}
         post = lambda sid, data: self.inbox.put(IncomingMessage(sid, "new_request", data))  # noqa: E731
@@ -175,9 +177,11 @@ class AsrSessionScheduler(SessionScheduler):
         """The Smart Turn model, loaded once; a missing model is a clear error naming the package and file."""
         return self._turns.model()
 
-    def _decode(self, session_id: str, kind: str, audio: np.ndarray, wanted: Any = None, **meta: Any) -> None:
-        """Transcribe on the decode worker; the result returns to the session thread as a ``_decoded`` op."""
-        self._decoder.submit(DecodeJob(session_id, kind, audio.copy(), wanted, meta))
+    def _decode(self, session_id: str, kind: str, audio: np.ndarray, wanted: Any = None, scored: bool = False,
+                **meta: Any) -> None:
+        """Transcribe on the decode worker; the result returns to the session thread as a ``_decoded`` op
+        (``scored``: with the last word's probability, for semantic_vad's verdict)."""
+        self._decoder.submit(DecodeJob(session_id, kind, audio.copy(), wanted, meta, scored))
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _new_vad(self, td: TurnDetection) -> Any:
@@ -316,7 +320,8 @@ class AsrSessionScheduler(SessionScheduler):
                 wanted = None
                 if st.td.semantic is not None:  # skip it if speech resumed while it queued (a benign cross-thread read)
                     wanted = lambda: st.epoch == epoch or (st.awaiting_final or {}).get("epoch") == epoch  # noqa: E731
-                self._decode(sid, "speculative", st.seg.audio(), wanted=wanted, epoch=epoch, turn=st.turn + 1)
+                self._decode(sid, "speculative", st.seg.audio(), wanted=wanted, scored=st.td.semantic is not None,
+                             epoch=epoch, turn=st.turn + 1)
             elif st.speculative is not None and not st.spec_announced and self._likely_end(st):
                 self._announce(sid, st, st.speculative, asr_ms=0.0)
             return
@@ -359,6 +364,9 @@ class AsrSessionScheduler(SessionScheduler):
             self._turns.score(session.session_id, st.seg.audio(), SAMPLE_RATE, v)
         elif v.decided(sem) and silence >= v.end_silence_ms(sem):
             self._end_turn_now(session, st)
+        elif silence >= SECOND_LOOK_MS and v.wants_second_look(sem):
+            self.counters["turn_second_looks"] += 1
+            self._turns.score(session.session_id, st.seg.audio(), SAMPLE_RATE, v, look=2)
 
     def _scored(self, session: Session, st: AsrState, data: dict[str, Any]) -> None:
         v = st.verdict
@@ -367,8 +375,11 @@ class AsrSessionScheduler(SessionScheduler):
             raise RuntimeError(f"turn model failed: {data['error']}")
         if data["pause"] != v.pause or data["prob"] is None or not st.seg.vad.in_speech:
             return  # a pause that speech (or the turn's end) has already closed
-        v.pending, v.prob, v.score_ms = False, float(data["prob"]), data["score_ms"]
-        v.queue_ms = data.get("queue_ms", 0.0)
+        v.pending, v.score_ms, v.queue_ms = False, data["score_ms"], data.get("queue_ms", 0.0)
+        if data.get("look", 1) == 2:
+            v.second = float(data["prob"])
+        else:
+            v.prob = float(data["prob"])
         self._verdict_in(session, st)
 
     def _verdict_in(self, session: Session, st: AsrState) -> None:
@@ -378,9 +389,10 @@ class AsrSessionScheduler(SessionScheduler):
         if sem is None or v.prob is None or v.words is None:
             return
         end_ms = v.end_silence_ms(sem)
-        self.emit(session.session_id, "event", TurnScored(st.turn + 1, round(v.prob, 4), end_ms < sem.max_silence_ms,
+        prob = v.prob if v.second is None else v.second
+        self.emit(session.session_id, "event", TurnScored(st.turn + 1, round(prob, 4), end_ms < sem.max_silence_ms,
                                                           round(st.seg.vad.silence_ms), v.score_ms, v.words, end_ms,
-                                                          queue_ms=v.queue_ms))
+                                                          queue_ms=v.queue_ms, look=1 if v.second is None else 2))
         if st.speculative is not None and not st.spec_announced and self._likely_end(st):
             self._announce(session.session_id, st, st.speculative, asr_ms=0.0)
         if v.decided(sem) and st.seg.vad.silence_ms >= end_ms:
@@ -439,7 +451,7 @@ class AsrSessionScheduler(SessionScheduler):
             elif data["epoch"] == st.epoch and not data.get("stale"):
                 st.speculative, st.spec_pending = text, False
                 if st.td.semantic is not None and st.seg.vad.in_speech:
-                    st.verdict.hear(text)  # the words of this pause: half of semantic_vad's verdict
+                    st.verdict.hear(text, data.get("last_word_prob"))  # the words of this pause: half of the verdict
                 # lets the session start answering in the silence; the answer is held until the turn ends
                 if self._likely_end(st):
                     self._announce(sid, st, text, asr_ms=data["asr_ms"])

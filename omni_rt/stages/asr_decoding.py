@@ -29,6 +29,9 @@ class Transcriber(Protocol):
 
     def transcribe_batch(self, audios: list[np.ndarray]) -> list[str]: ...  # optional: without it max_batch is 1
 
+    # optional too: each text with Whisper's probability of its last word (semantic_vad's speculative decodes)
+    # def transcribe_batch_scored(self, audios: list[np.ndarray]) -> list[tuple[str, float | None]]: ...
+
 
 @dataclass
 class DecodeJob:
@@ -40,11 +43,12 @@ class DecodeJob:
     audio: np.ndarray
     wanted: Callable[[], bool] | None
     meta: dict[str, Any]
+    scored: bool = False  # wants the last word's probability too (``last_word_prob`` in the result)
 
 
 class DecodeQueue:
     """Queues per session, one worker thread; each result is posted as ``post(session_id, data)`` with data
-    ``{"op": "_decoded", "kind", "text", "error", "asr_ms", **meta}``. Only the stage's thread calls it."""
+    ``{"op": "_decoded", "kind", "text", "last_word_prob", "error", "asr_ms", **meta}``. Only the stage's thread calls it."""
 
     def __init__(self, transcriber: Transcriber, max_batch: int, post: Callable[[str, dict[str, Any]], None],
                  counters: dict[str, int]) -> None:
@@ -134,23 +138,28 @@ class DecodeQueue:
                 job.meta["stale"] = True
             else:
                 live.append(job)
-        texts: list[str] = []
+        results: list[tuple[str, float | None]] = []
         error = None
         try:
-            if len(live) == 1:
-                texts = [self.transcriber.transcribe(live[0].audio)]
+            scored = getattr(self.transcriber, "transcribe_batch_scored", None)
+            if live and scored is not None and any(j.scored for j in live):
+                results = list(scored([j.audio for j in live]))
+            elif len(live) == 1:
+                results = [(self.transcriber.transcribe(live[0].audio), None)]
             elif live:
-                texts = list(self.transcriber.transcribe_batch([j.audio for j in live]))
-                if len(texts) != len(live):
-                    raise RuntimeError(f"transcribe_batch returned {len(texts)} texts for {len(live)} inputs")
+                results = [(t, None) for t in self.transcriber.transcribe_batch([j.audio for j in live])]
+            if len(results) != len(live):
+                raise RuntimeError(f"the transcriber returned {len(results)} texts for {len(live)} inputs")
         except Exception as exc:  # noqa: BLE001 - reported to each session of the batch as an error event
             error = f"{type(exc).__name__}: {exc}"
-        by_job = {id(j): t for j, t in zip(live, texts)} if error is None else {}
+        by_job = {id(j): r for j, r in zip(live, results)} if error is None else {}
         t1 = time.perf_counter()
         asr_ms = round((t1 - t0) * 1000, 1)
         for job in batch:
-            text = by_job.get(id(job), "").strip()
+            text, last_word_prob = by_job.get(id(job), ("", None))
+            text = text.strip()
             err = error if error is not None and not job.meta.get("stale") else None
             # t_start/t_done: when the worker ran it, so the stage can split a turn's wait into queue vs compute
-            self._post(job.session_id, {"op": "_decoded", "kind": job.kind, "text": text, "error": err, "asr_ms": asr_ms,
+            self._post(job.session_id, {"op": "_decoded", "kind": job.kind, "text": text, "last_word_prob": last_word_prob,
+                                        "error": err, "asr_ms": asr_ms,
                                         "t_start": t0, "t_done": t1, **job.meta})

@@ -26,24 +26,32 @@ WINDOW_S = 8  # Smart Turn hears the last 8 s
 @dataclass
 class PauseVerdict:
     """The current pause of one session: ``pause`` numbers it (bumped when speech resumes: older scores are
-    stale); ``prob`` (Smart Turn) and ``words`` (the cue of the speculative transcript) arrive separately."""
+    stale); ``prob`` (Smart Turn) and ``words`` (the cue of the speculative transcript) arrive separately, and
+    ``second`` (Smart Turn again at ``SECOND_LOOK_MS``) only if the first verdict asks for a second look."""
 
     pause: int = 0
     prob: float | None = None
     words: str | None = None
+    last_word_prob: float | None = None  # Whisper's probability of the transcript's last word
+    second: float | None = None  # Smart Turn at SECOND_LOOK_MS, when the first verdict was unsure
     pending: bool = False  # a Smart Turn score for this pause is in flight
     score_ms: float = 0.0
     queue_ms: float = 0.0  # how long the score waited for the scorer thread
 
     def new_pause(self) -> None:
         self.pause += 1
-        self.prob, self.words, self.pending = None, None, False
+        self.prob, self.words, self.last_word_prob, self.second, self.pending = None, None, None, None, False
 
-    def hear(self, text: str) -> None:
-        self.words = words_cue(text)
+    def hear(self, text: str, last_word_prob: float | None = None) -> None:
+        self.words, self.last_word_prob = words_cue(text, last_word_prob), last_word_prob
 
     def end_silence_ms(self, eager: Eagerness) -> int:
-        return eager.end_silence_ms(self.prob, self.words)
+        return eager.end_silence_ms(self.prob, self.words, self.second)
+
+    def wants_second_look(self, eager: Eagerness) -> bool:
+        """The first verdict is in, unsure, on words that can end, and no second score is in or in flight."""
+        return (self.second is None and not self.pending and self.words is not None
+                and eager.wants_second_look(self.prob, self.words, self.last_word_prob))
 
     def decided(self, eager: Eagerness) -> bool:
         """Both inputs are in and they end the turn before the max silence."""
@@ -84,8 +92,9 @@ class TurnScorer:
                 raise SessionLimitError("turn_model_unavailable", self._error) from exc
         return self._model
 
-    def score(self, session_id: str, audio: np.ndarray, sample_rate: int, verdict: PauseVerdict) -> None:
-        """Score the turn so far (its last 8 s) for ``verdict``'s pause; skipped if speech resumed while it waited."""
+    def score(self, session_id: str, audio: np.ndarray, sample_rate: int, verdict: PauseVerdict, look: int = 1) -> None:
+        """Score the turn so far (its last 8 s) for ``verdict``'s pause (``look`` 2: the second look); skipped if
+        speech resumed while it waited."""
         assert self._pool is not None, "scorer not started"
         model, clip, pause = self.model(), audio[-WINDOW_S * sample_rate :].copy(), verdict.pause
         verdict.pending = True
@@ -99,7 +108,7 @@ class TurnScorer:
                     prob = model.predict(clip)
                 except Exception as exc:  # noqa: BLE001 - reported to the session as an error event
                     error = f"{type(exc).__name__}: {exc}"
-            self._post(session_id, {"op": "_scored", "pause": pause, "prob": prob, "error": error,
+            self._post(session_id, {"op": "_scored", "pause": pause, "look": look, "prob": prob, "error": error,
                                     "score_ms": round((time.perf_counter() - t0) * 1000, 1),
                                     "queue_ms": round((t0 - submitted) * 1000, 1)})
 
