@@ -61,9 +61,9 @@ def asr_stage(turn_model):
     """The real ASR stage scheduler (Silero VAD, Whisper tiny.en, Smart Turn), driven through its queues."""
     from omni_rt.backends.asr import FasterWhisperASR
     from omni_rt.backends.vad import SileroVadModel
-    from omni_rt.stages.asr import AsrSessionScheduler
+    from omni_rt.stages.asr import AsrWorker
 
-    sched = AsrSessionScheduler(FasterWhisperASR(), SileroVadModel(), turn_model=turn_model)
+    sched = AsrWorker(FasterWhisperASR(), SileroVadModel(), turn_model=turn_model)
     sched.start()
     yield sched
     sched.stop()
@@ -154,12 +154,12 @@ def test_turn_model_missing_file_names_package_and_file(tmp_path: Path) -> None:
 
 def test_missing_turn_model_is_a_clear_session_error() -> None:
     """No model file: the session still opens (server_vad) and is told why semantic_vad cannot run."""
-    from omni_rt.stages.asr import AsrSessionScheduler
+    from omni_rt.stages.asr import AsrWorker
 
     def missing() -> Any:
         raise FileNotFoundError("package 'pipecat-ai' is not installed, so the Smart Turn model file ... is missing")
 
-    sched = AsrSessionScheduler(transcriber=None, vad_model=None, turn_model=missing)  # type: ignore[arg-type]
+    sched = AsrWorker(transcriber=None, vad_model=None, turn_model=missing)  # type: ignore[arg-type]
     sched._new_vad = lambda td: None  # type: ignore[method-assign]  # no audio flows in this test
     sched.start()
     try:
@@ -175,12 +175,12 @@ def test_missing_turn_model_is_a_clear_session_error() -> None:
 
 def test_the_stage_answers_each_acknowledged_update() -> None:
     """``update`` with ``ack``: one reply each; a refused one (no turn model) leaves the session's detection as it was."""
-    from omni_rt.stages.asr import AsrSessionScheduler
+    from omni_rt.stages.asr import AsrWorker
 
     def missing() -> Any:
         raise FileNotFoundError("package 'pipecat-ai' is not installed")
 
-    sched = AsrSessionScheduler(transcriber=None, vad_model=None, turn_model=missing)  # type: ignore[arg-type]
+    sched = AsrWorker(transcriber=None, vad_model=None, turn_model=missing)  # type: ignore[arg-type]
     sched._new_vad = lambda td: None  # type: ignore[method-assign]  # no audio flows in this test
     sched.start()
     semantic = tdm.parse_turn_detection({"type": "semantic_vad"})

@@ -75,7 +75,7 @@ from omni_rt.contracts.payloads import (
     TurnScored,
 )
 
-__all__ = ["AsrSessionScheduler", "TurnDetection", "create_asr_stage"]  # TurnDetection lives in omni_rt.session
+__all__ = ["AsrWorker", "TurnDetection", "create_asr_stage"]  # TurnDetection lives in omni_rt.session
 
 SAMPLE_RATE = PIPELINE_INPUT_RATE
 GPU_MAX_BATCH = 8  # not measured on a GPU yet: batch rows are cheap next to Whisper's fixed-window encoder
@@ -103,7 +103,7 @@ class AsrState:
     idle_from: int | None = 0  # stream sample from which the idle timeout counts (None: not counting)
 
 
-class AsrSessionScheduler(SessionScheduler):
+class AsrWorker(SessionScheduler):
     def __init__(
         self,
         transcriber: Transcriber,
@@ -490,7 +490,7 @@ def create_asr_stage(
     max_batch: int | None = None,
     random_init: bool = False,
     random_size: str = "full",
-) -> AsrSessionScheduler:
+) -> AsrWorker:
     """Factory for the pipeline config: the preset names the backend and model.
 
     ``max_batch``: sessions decoded together (one ``transcribe_batch``); default 8 on a GPU, where more rows
@@ -525,7 +525,7 @@ def create_asr_stage(
         raise ValueError(f"stage 'asr' field 'backend': unknown ASR backend '{backend}' (faster-whisper|transformers)")
     if max_batch is None:
         max_batch = GPU_MAX_BATCH if backend == "transformers" and device != "cpu" else CPU_MAX_BATCH
-    scheduler = AsrSessionScheduler(
+    scheduler = AsrWorker(
         transcriber,
         SileroVadModel(),
         max_batch=max_batch,

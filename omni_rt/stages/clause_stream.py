@@ -29,7 +29,7 @@ def check_clause_order(stage: str, clause_order: str) -> None:
         raise ValueError(f"stage '{stage}' field 'clause_order': {clause_order!r} is not one of {', '.join(CLAUSE_ORDERS)}")
 
 
-class ClauseStreamScheduler(StreamingSimpleScheduler):
+class ClauseStreamWorker(StreamingSimpleScheduler):
     """Override ``on_clauses`` (and ``result_extra`` for what the result reports beyond the clauses spoken)."""
 
     def __init__(self, name: str, clause_order: str = "due", **split_args: int) -> None:
