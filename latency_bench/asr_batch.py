@@ -42,7 +42,7 @@ def _round(sched, audios: list[np.ndarray]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     from omni_rt.audio.pcm import resample
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.tts_piper import PiperTTS
     from omni_rt.backends.vad import SileroVadModel
     from omni_rt.core.messages import IncomingMessage

@@ -30,7 +30,7 @@ def speech_16k() -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def asr_parts():
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.vad import SileroVadModel
 
     return FasterWhisperASR(), SileroVadModel()

@@ -59,7 +59,7 @@ def turn_model():
 @pytest.fixture(scope="module")
 def asr_stage(turn_model):
     """The real ASR stage scheduler (Silero VAD, Whisper tiny.en, Smart Turn), driven through its queues."""
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.vad import SileroVadModel
     from omni_rt.stages.asr import AsrWorker
 
@@ -308,7 +308,7 @@ def test_words_cue_with_the_last_words_probability(text: str, last_word_prob: fl
 
 def test_faster_whisper_scores_the_last_word(tts) -> None:
     """transcribe_batch_scored: the same texts as transcribe_batch, each with a probability of its last word."""
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
 
     asr = FasterWhisperASR()
     audios = [np.concatenate([silence(300), say(tts, COMPLETE), silence(300)]), silence(500)]
@@ -378,7 +378,7 @@ def turn_scores(turn_model):
     """Every pause of the labelled set (latency_bench/turn_set.py, 3 voices), scored once as the stage would."""
     from latency_bench.turn_scores import score_set
     from latency_bench.turn_set import spoken_set
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.vad import SileroVadModel
 
     t0 = time.perf_counter()

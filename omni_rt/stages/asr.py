@@ -503,13 +503,13 @@ def create_asr_stage(
     if random_init and backend != "transformers":
         raise ValueError(f"stage 'asr' field 'random_init': only the transformers backend builds random weights, not '{backend}'")
     if backend == "faster-whisper":
-        from omni_rt.backends.asr import FasterWhisperASR
+        from omni_rt.backends.whisper import FasterWhisperASR
 
         transcriber: Transcriber = FasterWhisperASR(model_dir=model, compute_type=compute_type, cpu_threads=cpu_threads)
     elif backend == "transformers":
         import torch
 
-        from omni_rt.backends.asr import TransformersWhisperASR
+        from omni_rt.backends.whisper import TransformersWhisperASR
 
         if model is None:
             raise ValueError("stage 'asr' field 'model': the transformers backend needs a model path or hub id")

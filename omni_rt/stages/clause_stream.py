@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
-from omni_rt.stages.clauses import ClauseSplitter
+from omni_rt.stages.clause_splitter import ClauseSplitter
 from omni_rt.contracts.payloads import text_of
 
 
