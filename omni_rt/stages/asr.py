@@ -1,6 +1,10 @@
 """ASR stage: VAD + streaming Whisper on a SessionScheduler, one state per session across turns.
 
-Three components, each its own module, with this scheduler wiring them to the session's ops and events:
+Why one module of ~550 lines: ~50 of them are this docstring (why each timing is what it is), and the rest
+is one per-session state machine (VAD -> speculative decode -> verdict -> turn end) that reads best in one
+class, ``AsrWorker``; its three components are already modules of their own (below).
+
+Three components, each its own module, with ``AsrWorker`` wiring them to the session's ops and events:
 VAD segmentation (``turn_audio.TurnAudio``: the stream, Silero, the turn's audio), turn scoring for
 ``semantic_vad`` (``turn_scoring``: Smart Turn's score and the transcript's words -> the silence that ends the
 turn) and decoding (``asr_decoding.DecodeQueue``: one Whisper worker, fair across sessions, batched).
