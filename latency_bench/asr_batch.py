@@ -1,5 +1,5 @@
 """ASR throughput when several sessions commit at once: the CPU preset's faster-whisper tiny.en int8 behind the
-real `AsrSessionScheduler`, for each ``max_batch`` (1 = one session at a time, as before batching).
+real `AsrWorker`, for each ``max_batch`` (1 = one session at a time, as before batching).
 
     python -m latency_bench.asr_batch [--sessions 4] [--max-batch 1 2 4] [--repeats 3]
 
@@ -42,11 +42,11 @@ def _round(sched, audios: list[np.ndarray]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     from omni_rt.audio.pcm import resample
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.tts_piper import PiperTTS
     from omni_rt.backends.vad import SileroVadModel
     from omni_rt.core.messages import IncomingMessage
-    from omni_rt.stages.asr import AsrSessionScheduler
+    from omni_rt.stages.asr import AsrWorker
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sessions", type=int, default=4)
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     asr.transcribe(audios[0])  # warm-up
     scheds = {}
     for mb in args.max_batch:
-        s = scheds[mb] = AsrSessionScheduler(asr, vad, max_batch=mb)
+        s = scheds[mb] = AsrWorker(asr, vad, max_batch=mb)
         s.start()
         for i in range(args.sessions):
             s.inbox.put(IncomingMessage(f"s{i}", "new_request", {"op": "open", "params": {"turn_detection": None, "partials": False}}))

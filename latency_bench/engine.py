@@ -201,7 +201,7 @@ def run_llama_case(sched, vocab: int, conc: int, args) -> dict:
 def llama_rows(vocab: int, args) -> list[dict]:
     """llama.cpp rows: threads 1 and 2, prefix reuse on/off, each concurrency; one server per config."""
     from omni_rt.engine import llama_cpp, smollm2
-    from omni_rt.engine.llama_cpp_scheduler import create_llama_cpp_scheduler
+    from omni_rt.engine.llama_cpp_thinker import create_llama_cpp_thinker
 
     binary = llama_cpp.locate_binary()
     if binary is None:
@@ -214,7 +214,7 @@ def llama_rows(vocab: int, args) -> list[dict]:
             gguf = files[name]() if name in files else Path(name)
             for threads in args.llama_threads:
                 for reuse in (True, False) if args.llama_reuse_off else (True,):
-                    sched = create_llama_cpp_scheduler(
+                    sched = create_llama_cpp_thinker(
                         gguf, binary, threads=threads, parallel=max(args.concurrency),
                         ctx_size=max(args.concurrency) * args.max_seq_len,
                         extra_args=() if reuse else ("--no-cache-prompt",),

@@ -352,7 +352,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     # checked (and named for the report) before anything is synthesized or started
     thinker = thinker_line(args.preset, args.thinker, os.environ.get("OMNI_RT_THINKER_API_KEY"))
 
-    from omni_rt.backends.asr import default_whisper_dir
+    from omni_rt.backends.whisper import default_whisper_dir
 
     # --limit N keeps the first ceil(N / conversations) turns of every conversation, so a short run still
     # holds every kind of question (and follow-ups still follow their question)

@@ -121,7 +121,7 @@ class Thinker:
 
     def ask(self, messages: list[dict[str, str]], session_id: str | None, max_tokens: int = 96) -> dict[str, Any]:
         from omni_rt.core.messages import IncomingMessage
-        from omni_rt.stages.clauses import ClauseSplitter
+        from omni_rt.stages.clause_splitter import ClauseSplitter
 
         rid = f"bench-{uuid.uuid4().hex[:8]}"
         splitter = ClauseSplitter(first_min_words=2, first_max_words=4)

@@ -187,7 +187,7 @@ def thinker_end_of_turn(texts: list[str]) -> list[float]:
 
 def load_scorers() -> tuple[Any, Any, Any]:
     """The CPU preset's Silero VAD, Smart Turn and Whisper tiny.en (what the ASR stage runs)."""
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.turn_model import SmartTurnModel
     from omni_rt.backends.vad import SileroVadModel
 

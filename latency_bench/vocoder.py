@@ -1,5 +1,5 @@
 """SNAC vocoder throughput: stream-frames decoded per second at several stream counts, one frame per stream per
-talker step (what a batched codec talker sends), through the real `SnacVocoderScheduler` with random weights.
+talker step (what a batched codec talker sends), through the real `SnacVocoder` with random weights.
 
     python -m latency_bench.vocoder [--streams 1 8 32] [--frames 6] [--decoder-dim 1024] [--device cpu]
 
@@ -23,9 +23,9 @@ def measure(model: Any, streams: int, frames: int, max_batch_streams: int) -> di
     """Decodes/s (one decode = one stream's frame) over talker steps 3..frames, after a warm-up stream."""
     from omni_rt.core.messages import IncomingMessage
     from omni_rt.contracts.payloads import CodecFrames
-    from omni_rt.stages.vocoder import SnacVocoderScheduler
+    from omni_rt.stages.vocoder import SnacVocoder
 
-    voc = SnacVocoderScheduler(model, max_batch_streams=max_batch_streams)
+    voc = SnacVocoder(model, max_batch_streams=max_batch_streams)
     voc.set_stream_sources(["talker"])
     voc.start()
     rng = np.random.default_rng(0)

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 
 from omni_rt.audio.pcm import float_to_int16, resample
-from omni_rt.transports.webrtc import FRAME_SAMPLES, WIRE_RATE, WireEncoder
+from omni_rt.transports.webrtc_media import FRAME_SAMPLES, WIRE_RATE, WireEncoder
 
 RATE = WIRE_RATE
 FRAME = FRAME_SAMPLES  # 20 ms
@@ -133,7 +133,7 @@ class RealtimeCall:
         if audio:
             sender = self.pc.addTrack(self.mic)
             if self.decode_on_arrival:
-                from omni_rt.transports.webrtc import decode_on_arrival
+                from omni_rt.transports.webrtc_media import decode_on_arrival
 
                 decode_on_arrival(next(t.receiver for t in self.pc.getTransceivers() if t.sender is sender))
         self.pc.on("track", lambda track: setattr(self, "_reader", asyncio.create_task(self._read(track))))

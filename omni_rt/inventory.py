@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from omni_rt.backends.asr import default_whisper_dir
+from omni_rt.backends.whisper import default_whisper_dir
 from omni_rt.backends.tts_piper import VOICE_NAME, default_voice_path
 from omni_rt.backends.turn_model import smart_turn_onnx_path
 from omni_rt.backends.vad import silero_onnx_path

@@ -25,7 +25,7 @@ def prepare(preset: str = "cpu") -> None:
     from omni_rt.engine.smollm2 import ensure_f16_gguf
 
     print(f"thinker  SmolLM2-135M-Instruct F16 GGUF (llama.cpp) -> {ensure_f16_gguf()} ({time.perf_counter() - t0:.1f} s)")
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.tts_piper import PiperTTS
     from omni_rt.backends.vad import SileroVadModel
 

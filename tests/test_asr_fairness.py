@@ -15,7 +15,7 @@ import pytest
 
 from omni_rt.audio.pcm import resample
 from omni_rt.core.messages import IncomingMessage
-from omni_rt.stages.asr import AsrSessionScheduler
+from omni_rt.stages.asr import AsrWorker
 
 MANUAL = {"turn_detection": None, "partials": False}
 
@@ -30,7 +30,7 @@ def speech_16k() -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def asr_parts():
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.vad import SileroVadModel
 
     return FasterWhisperASR(), SileroVadModel()
@@ -38,7 +38,7 @@ def asr_parts():
 
 @pytest.fixture(params=[1, 2], ids=["one-at-a-time", "batched"])
 def sched(asr_parts, request):
-    s = AsrSessionScheduler(*asr_parts, max_queued_decodes=6, max_batch=request.param)
+    s = AsrWorker(*asr_parts, max_queued_decodes=6, max_batch=request.param)
     s.start()
     yield s
     s.stop()
@@ -149,7 +149,7 @@ def test_simultaneous_commits_batch_and_each_session_gets_its_own_words(asr_part
     # Piper speaks each run a little differently, and tiny.en then hears "the sky" as "this guy" now and then
     # (solo too): key words it always gets
     words = {"capital": "capital", "color": "color", "long": "dragon"}
-    s = AsrSessionScheduler(*asr_parts, max_batch=3)
+    s = AsrWorker(*asr_parts, max_batch=3)
     for name, (audio, sr, _) in speech_samples.items():  # all queued before the loop runs
         open_session(s, name)
         put(s, name, "stream_chunk", resample(audio, sr, 16000))
@@ -188,7 +188,7 @@ def _speculates_after(asr_parts, speech_16k, silence_ms: int, others: int) -> bo
     """Speech then ``silence_ms`` of silence (no more audio): does the speculative transcript start?"""
     from omni_rt.contracts.turn_detection import parse_turn_detection
 
-    s = AsrSessionScheduler(*asr_parts, speculative_after_ms=150, speculative_alone_after_ms=100)
+    s = AsrWorker(*asr_parts, speculative_after_ms=150, speculative_alone_after_ms=100)
     s.start()
     try:
         td = parse_turn_detection({"type": "server_vad", "silence_duration_ms": 500})

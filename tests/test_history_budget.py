@@ -138,13 +138,13 @@ async def test_long_session_of_big_turns_stays_answered_on_llama_cpp(live_server
 
 def test_short_requests_take_lower_llama_slots_than_heavy_prefills(tokenizer):
     """llama-server fills each batch slot by slot in slot order: a short new part must sit below a heavy one."""
-    from omni_rt.engine.llama_cpp_scheduler import LlamaCppScheduler
+    from omni_rt.engine.llama_cpp_thinker import LlamaCppThinker
     from omni_rt.engine.llama_server import LlamaServer
     from omni_rt.engine.request import parse_request
 
     server = LlamaServer("/bin/true", "unused.gguf", parallel=4)  # never started: slot choice is host-side
     assert server.args[server.args.index("-b") + 1] == "16" and "--no-kv-unified" in server.args
-    sched = LlamaCppScheduler(server, tokenizer=tokenizer, model="m", name="t", dialect="llama.cpp")
+    sched = LlamaCppThinker(server, tokenizer=tokenizer, model="m", name="t", dialect="llama.cpp")
     sched.history = HistoryWindow(tokenizer, 1024)
 
     def take(rid: str, sid: str, n_new: int, prefix: list[int] | None = None) -> int:

@@ -89,12 +89,12 @@ def _collect(voc, want_results: int, timeout: float = 60.0) -> list:
 
 
 def test_vocoder_stage_batches_streams_and_matches_alone(small_snac) -> None:
-    from omni_rt.stages.vocoder import SnacVocoderScheduler
+    from omni_rt.stages.vocoder import SnacVocoder
 
     rng = np.random.default_rng(11)
     lengths = [9, 4, 13, 2, 7, 10]
     frames = {f"r{i}": rng.integers(0, 4096, (n, 7)) for i, n in enumerate(lengths)}
-    voc = SnacVocoderScheduler(small_snac, max_step_frames=2)
+    voc = SnacVocoder(small_snac, max_step_frames=2)
     voc.set_stream_sources(["talker"])
     # a talker at batch 6: one frame per stream per step, queued before the stage runs so steps batch them
     for t in range(max(lengths)):
@@ -130,9 +130,9 @@ def test_vocoder_stage_batches_streams_and_matches_alone(small_snac) -> None:
 
 
 def test_lone_stream_decodes_at_once_and_abort_drops_it(small_snac) -> None:
-    from omni_rt.stages.vocoder import SnacVocoderScheduler
+    from omni_rt.stages.vocoder import SnacVocoder
 
-    voc = SnacVocoderScheduler(small_snac)
+    voc = SnacVocoder(small_snac)
     voc.set_stream_sources(["talker"])
     voc.start()
     try:

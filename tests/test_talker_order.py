@@ -85,8 +85,8 @@ def test_an_abort_drops_the_clauses_it_had_queued(talker):
 
 
 def test_arrival_order_is_the_ablation_it_names(talker):
-    from omni_rt.stages.talker import PiperTalkerScheduler
+    from omni_rt.stages.talker import PiperTalker
 
-    out = long_then_new(PiperTalkerScheduler(talker.tts, clause_order="arrival"))
+    out = long_then_new(PiperTalker(talker.tts, clause_order="arrival"))
     spoken = [rid for rid, kind, _ in out if kind == "stream"]
     assert spoken.index("new") == spoken.count("long"), spoken  # the newcomer waits for the whole long answer

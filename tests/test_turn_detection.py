@@ -59,11 +59,11 @@ def turn_model():
 @pytest.fixture(scope="module")
 def asr_stage(turn_model):
     """The real ASR stage scheduler (Silero VAD, Whisper tiny.en, Smart Turn), driven through its queues."""
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.vad import SileroVadModel
-    from omni_rt.stages.asr import AsrSessionScheduler
+    from omni_rt.stages.asr import AsrWorker
 
-    sched = AsrSessionScheduler(FasterWhisperASR(), SileroVadModel(), turn_model=turn_model)
+    sched = AsrWorker(FasterWhisperASR(), SileroVadModel(), turn_model=turn_model)
     sched.start()
     yield sched
     sched.stop()
@@ -154,12 +154,12 @@ def test_turn_model_missing_file_names_package_and_file(tmp_path: Path) -> None:
 
 def test_missing_turn_model_is_a_clear_session_error() -> None:
     """No model file: the session still opens (server_vad) and is told why semantic_vad cannot run."""
-    from omni_rt.stages.asr import AsrSessionScheduler
+    from omni_rt.stages.asr import AsrWorker
 
     def missing() -> Any:
         raise FileNotFoundError("package 'pipecat-ai' is not installed, so the Smart Turn model file ... is missing")
 
-    sched = AsrSessionScheduler(transcriber=None, vad_model=None, turn_model=missing)  # type: ignore[arg-type]
+    sched = AsrWorker(transcriber=None, vad_model=None, turn_model=missing)  # type: ignore[arg-type]
     sched._new_vad = lambda td: None  # type: ignore[method-assign]  # no audio flows in this test
     sched.start()
     try:
@@ -175,12 +175,12 @@ def test_missing_turn_model_is_a_clear_session_error() -> None:
 
 def test_the_stage_answers_each_acknowledged_update() -> None:
     """``update`` with ``ack``: one reply each; a refused one (no turn model) leaves the session's detection as it was."""
-    from omni_rt.stages.asr import AsrSessionScheduler
+    from omni_rt.stages.asr import AsrWorker
 
     def missing() -> Any:
         raise FileNotFoundError("package 'pipecat-ai' is not installed")
 
-    sched = AsrSessionScheduler(transcriber=None, vad_model=None, turn_model=missing)  # type: ignore[arg-type]
+    sched = AsrWorker(transcriber=None, vad_model=None, turn_model=missing)  # type: ignore[arg-type]
     sched._new_vad = lambda td: None  # type: ignore[method-assign]  # no audio flows in this test
     sched.start()
     semantic = tdm.parse_turn_detection({"type": "semantic_vad"})
@@ -308,7 +308,7 @@ def test_words_cue_with_the_last_words_probability(text: str, last_word_prob: fl
 
 def test_faster_whisper_scores_the_last_word(tts) -> None:
     """transcribe_batch_scored: the same texts as transcribe_batch, each with a probability of its last word."""
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
 
     asr = FasterWhisperASR()
     audios = [np.concatenate([silence(300), say(tts, COMPLETE), silence(300)]), silence(500)]
@@ -378,7 +378,7 @@ def turn_scores(turn_model):
     """Every pause of the labelled set (latency_bench/turn_set.py, 3 voices), scored once as the stage would."""
     from latency_bench.turn_scores import score_set
     from latency_bench.turn_set import spoken_set
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.vad import SileroVadModel
 
     t0 = time.perf_counter()

@@ -124,7 +124,7 @@ async def answer_finished(server: Any, peer: FakeTwilio, quiet_s: float = 1.5) -
 
 @pytest.fixture(scope="module")
 def whisper():
-    from omni_rt.backends.asr import FasterWhisperASR
+    from omni_rt.backends.whisper import FasterWhisperASR
 
     return FasterWhisperASR()
 

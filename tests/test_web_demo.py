@@ -191,7 +191,7 @@ def launch(pw, tmp_path: Path, wav: Path):
 def test_voice_demo_over_webrtc_answers_and_barge_in_stops_it(live_server, story_wav: Path, tmp_path: Path) -> None:
     from faster_whisper import WhisperModel
 
-    from omni_rt.backends.asr import default_whisper_dir
+    from omni_rt.backends.whisper import default_whisper_dir
 
     page_errors: list[str] = []
     with sync_api.sync_playwright() as pw:

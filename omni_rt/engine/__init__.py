@@ -1,6 +1,6 @@
 """AR engines behind the thinker/talker stages.
 
-Message contract (every backend: built-in ``ARScheduler``, ``RemoteScheduler``, ``SGLangScheduler``):
+Message contract (every backend: built-in ``ARScheduler``, ``RemoteThinker``, ``SGLangThinker``):
 
 - ``new_request`` data: ``messages`` (chat, templated with add_generation_prompt) or ``prompt_ids``; optional
   ``session_id`` (prefix-reuse key), ``max_tokens``, sampling keys ``temperature`` (0 = greedy), ``top_p``,

@@ -83,11 +83,11 @@ def create_ar_scheduler(
         root = backend_kwargs.pop("llama_cpp_root", None)  # the binary cache (tests point it at an empty dir)
         binary = llama_cpp.locate_binary(root)
         if binary is not None:
-            from omni_rt.engine.llama_cpp_scheduler import create_llama_cpp_scheduler
+            from omni_rt.engine.llama_cpp_thinker import create_llama_cpp_thinker
             from omni_rt.engine.smollm2 import ensure_f16_gguf
 
             gguf = ensure_f16_gguf() if model == "smollm2" else Path(model)
-            return create_llama_cpp_scheduler(
+            return create_llama_cpp_thinker(
                 gguf,
                 binary,
                 name=name,
@@ -152,11 +152,11 @@ def create_ar_scheduler(
             history_tokens=history_tokens,
         )
     if backend == "remote":
-        from omni_rt.engine.remote import RemoteScheduler
+        from omni_rt.engine.remote import RemoteThinker
 
         if not base_url:
             raise ValueError("backend='remote' needs base_url, e.g. http://127.0.0.1:30000/v1")
-        return RemoteScheduler(
+        return RemoteThinker(
             base_url,
             model=model,
             tokenizer=_try_tokenizer(tokenizer or model),
@@ -168,7 +168,7 @@ def create_ar_scheduler(
             **backend_kwargs,
         )
     if backend == "sglang":
-        from omni_rt.engine.sglang_engine import SGLangScheduler
+        from omni_rt.engine.sglang_engine import SGLangThinker
 
-        return SGLangScheduler(model, name=name, default_max_tokens=default_max_tokens, dtype=dtype, **backend_kwargs)
+        return SGLangThinker(model, name=name, default_max_tokens=default_max_tokens, dtype=dtype, **backend_kwargs)
     raise ValueError(f"unknown backend {backend!r}; use 'torch', 'remote', 'sglang' or 'llama.cpp'")

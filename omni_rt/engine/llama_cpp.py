@@ -1,7 +1,7 @@
 """llama.cpp as the CPU thinker, part 1: build ``llama-server`` once from source and find the cached binary.
 
 Part 2 is the managed process (``omni_rt.engine.llama_server.LlamaServer``), part 3 the scheduler that speaks
-to it (``omni_rt.engine.llama_cpp_scheduler``). This module stays free of httpx and engine imports, so
+to it (``omni_rt.engine.llama_cpp_thinker``). This module stays free of httpx and engine imports, so
 ``python -m omni_rt.engine.llama_cpp build`` runs before anything else is installed.
 
 Source: the MIT-licensed llama.cpp tree vendored in the ``llama-cpp-python`` sdist on PyPI (the only reachable

@@ -4,10 +4,10 @@ Why a server process and not ``llama-cpp-python`` in-process: ``llama-server`` a
 sessions need — continuous batching across slots, a per-slot prompt cache (``cache_prompt``) plus a RAM
 prompt cache across slots (``--cache-ram``), SSE streaming, cancel-on-disconnect, ``--jinja`` chat templates
 with tool calls and ``json_schema`` grammars — while the in-process binding serves one sequence at a time
-behind a lock. The server speaks the OpenAI API, so the existing ``RemoteScheduler`` drives it unchanged.
+behind a lock. The server speaks the OpenAI API, so the existing ``RemoteThinker`` drives it unchanged.
 
 The binary comes from ``omni_rt.engine.llama_cpp`` (build/locate); the scheduler that drives the server is
-``omni_rt.engine.llama_cpp_scheduler``.
+``omni_rt.engine.llama_cpp_thinker``.
 """
 
 from __future__ import annotations

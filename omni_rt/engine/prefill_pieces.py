@@ -1,7 +1,7 @@
 """A long new prompt fed to llama-server one batch at a time, paused while a short request is prefilling.
 
 Why (issue #26): llama-server fills each ``-b`` batch slot by slot, and the scheduler puts a short request in
-a lower slot than a long one (``LlamaCppScheduler._take_slot``), so the short one's tokens go first — but the
+a lower slot than a long one (``LlamaCppThinker._take_slot``), so the short one's tokens go first — but the
 long prefill still fills the rest of every batch. The short request's forward is then a full 16-token batch
 instead of its own dozen tokens, and it waits behind the full batch in flight when it arrives: a bystander's
 first token took 2.3-2.7x its solo time beside a heavy session (``latency_bench.soak``). llama-server has no

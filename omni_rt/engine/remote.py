@@ -137,7 +137,7 @@ def parse_sse_chunk(obj: dict) -> Delta:
     return d
 
 
-class RemoteScheduler(AsyncStreamScheduler):
+class RemoteThinker(AsyncStreamScheduler):
     def __init__(
         self,
         base_url: str,

@@ -18,7 +18,7 @@ from omni_rt.engine.tool_prompt import render_prompt
 log = logging.getLogger(__name__)
 
 
-class SGLangScheduler(AsyncStreamScheduler):
+class SGLangThinker(AsyncStreamScheduler):
     def __init__(
         self,
         model_path: str,

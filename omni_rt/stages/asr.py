@@ -1,6 +1,10 @@
 """ASR stage: VAD + streaming Whisper on a SessionScheduler, one state per session across turns.
 
-Three components, each its own module, with this scheduler wiring them to the session's ops and events:
+Why one module of ~550 lines: ~50 of them are this docstring (why each timing is what it is), and the rest
+is one per-session state machine (VAD -> speculative decode -> verdict -> turn end) that reads best in one
+class, ``AsrWorker``; its three components are already modules of their own (below).
+
+Three components, each its own module, with ``AsrWorker`` wiring them to the session's ops and events:
 VAD segmentation (``turn_audio.TurnAudio``: the stream, Silero, the turn's audio), turn scoring for
 ``semantic_vad`` (``turn_scoring``: Smart Turn's score and the transcript's words -> the silence that ends the
 turn) and decoding (``asr_decoding.DecodeQueue``: one Whisper worker, fair across sessions, batched).
@@ -75,7 +79,7 @@ from omni_rt.contracts.payloads import (
     TurnScored,
 )
 
-__all__ = ["AsrSessionScheduler", "TurnDetection", "create_asr_stage"]  # TurnDetection lives in omni_rt.session
+__all__ = ["AsrWorker", "TurnDetection", "create_asr_stage"]  # TurnDetection lives in omni_rt.session
 
 SAMPLE_RATE = PIPELINE_INPUT_RATE
 GPU_MAX_BATCH = 8  # not measured on a GPU yet: batch rows are cheap next to Whisper's fixed-window encoder
@@ -103,7 +107,7 @@ class AsrState:
     idle_from: int | None = 0  # stream sample from which the idle timeout counts (None: not counting)
 
 
-class AsrSessionScheduler(SessionScheduler):
+class AsrWorker(SessionScheduler):
     def __init__(
         self,
         transcriber: Transcriber,
@@ -490,7 +494,7 @@ def create_asr_stage(
     max_batch: int | None = None,
     random_init: bool = False,
     random_size: str = "full",
-) -> AsrSessionScheduler:
+) -> AsrWorker:
     """Factory for the pipeline config: the preset names the backend and model.
 
     ``max_batch``: sessions decoded together (one ``transcribe_batch``); default 8 on a GPU, where more rows
@@ -503,13 +507,13 @@ def create_asr_stage(
     if random_init and backend != "transformers":
         raise ValueError(f"stage 'asr' field 'random_init': only the transformers backend builds random weights, not '{backend}'")
     if backend == "faster-whisper":
-        from omni_rt.backends.asr import FasterWhisperASR
+        from omni_rt.backends.whisper import FasterWhisperASR
 
         transcriber: Transcriber = FasterWhisperASR(model_dir=model, compute_type=compute_type, cpu_threads=cpu_threads)
     elif backend == "transformers":
         import torch
 
-        from omni_rt.backends.asr import TransformersWhisperASR
+        from omni_rt.backends.whisper import TransformersWhisperASR
 
         if model is None:
             raise ValueError("stage 'asr' field 'model': the transformers backend needs a model path or hub id")
@@ -525,7 +529,7 @@ def create_asr_stage(
         raise ValueError(f"stage 'asr' field 'backend': unknown ASR backend '{backend}' (faster-whisper|transformers)")
     if max_batch is None:
         max_batch = GPU_MAX_BATCH if backend == "transformers" and device != "cpu" else CPU_MAX_BATCH
-    scheduler = AsrSessionScheduler(
+    scheduler = AsrWorker(
         transcriber,
         SileroVadModel(),
         max_batch=max_batch,

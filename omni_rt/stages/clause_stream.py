@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
-from omni_rt.stages.clauses import ClauseSplitter
+from omni_rt.stages.clause_splitter import ClauseSplitter
 from omni_rt.contracts.payloads import text_of
 
 
@@ -29,7 +29,7 @@ def check_clause_order(stage: str, clause_order: str) -> None:
         raise ValueError(f"stage '{stage}' field 'clause_order': {clause_order!r} is not one of {', '.join(CLAUSE_ORDERS)}")
 
 
-class ClauseStreamScheduler(StreamingSimpleScheduler):
+class ClauseStreamWorker(StreamingSimpleScheduler):
     """Override ``on_clauses`` (and ``result_extra`` for what the result reports beyond the clauses spoken)."""
 
     def __init__(self, name: str, clause_order: str = "due", **split_args: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from omni_rt.backends.snac_codec import CODES_PER_FRAME
 from omni_rt.core.streaming_scheduler import StreamState
-from omni_rt.stages.clause_stream import ClauseStreamScheduler
+from omni_rt.stages.clause_stream import ClauseStreamWorker
 from omni_rt.contracts.payloads import SpeechPrompt
 
 # Orpheus special tokens (Llama-3 tokenizer + added specials; audio codes start at ORPHEUS_CODE_OFFSET).
@@ -40,7 +40,7 @@ def clause_token_budget(clause: str) -> int:
     return math.ceil(seconds * FRAMES_PER_SECOND) * CODES_PER_FRAME
 
 
-class SpeechPromptScheduler(ClauseStreamScheduler):
+class SpeechPrompter(ClauseStreamWorker):
     def __init__(
         self,
         tokenizer: Any,
@@ -86,7 +86,7 @@ def create_speech_prompts(
     ignore_eos: bool = False,
     first_max_words: int = 4,
     random_init: bool = False,
-) -> SpeechPromptScheduler:
+) -> SpeechPrompter:
     """``tokenizer``: the codec LM's text tokenizer (a local directory or a hub id already cached locally).
     ``random_init`` (a codec LM on random weights, offline): the packaged stand-in tokenizer instead."""
     from omni_rt.engine.random_init import stand_in_tokenizer
@@ -97,5 +97,5 @@ def create_speech_prompts(
     except Exception as exc:
         raise ValueError(f"stage 'talker' field 'tokenizer': cannot load {tokenizer!r} ({exc})") from exc
     sampling = {"temperature": temperature, "top_p": top_p, "repetition_penalty": repetition_penalty, "seed": 0}
-    return SpeechPromptScheduler(tok, voice=voice, sampling=sampling, max_tokens_per_clause=max_tokens_per_clause,
+    return SpeechPrompter(tok, voice=voice, sampling=sampling, max_tokens_per_clause=max_tokens_per_clause,
                                  ignore_eos=ignore_eos, first_max_words=first_max_words)

@@ -11,11 +11,11 @@ import time
 from typing import Any
 
 from omni_rt.core.streaming_scheduler import StreamState
-from omni_rt.stages.clause_stream import ClauseStreamScheduler, check_clause_order
+from omni_rt.stages.clause_stream import ClauseStreamWorker, check_clause_order
 from omni_rt.contracts.payloads import Clause
 
 
-class PiperTalkerScheduler(ClauseStreamScheduler):
+class PiperTalker(ClauseStreamWorker):
     def __init__(self, tts: Any, first_min_words: int = 2, first_max_words: int = 4, min_words: int = 5, max_words: int = 24,
                  clause_order: str = "due") -> None:
         super().__init__("talker", clause_order=clause_order, first_min_words=first_min_words,
@@ -37,12 +37,12 @@ class PiperTalkerScheduler(ClauseStreamScheduler):
 def create_piper_talker(
     voice: str | None = None, first_min_words: int = 2, first_max_words: int = 4, num_threads: int = 1,
     clause_order: str = "due",
-) -> PiperTalkerScheduler:
+) -> PiperTalker:
     """``clause_order``: ``due`` (a new answer's first clause ahead of other answers' later ones) or ``arrival``."""
     from omni_rt.backends.tts_piper import PiperTTS
 
     check_clause_order("talker", clause_order)  # before loading the voice
     tts = PiperTTS(voice_path=voice, num_threads=num_threads)
     tts.synthesize("Ready.")  # warm the ONNX session so the first answer pays no start-up cost
-    return PiperTalkerScheduler(tts, first_min_words=first_min_words, first_max_words=first_max_words,
+    return PiperTalker(tts, first_min_words=first_min_words, first_max_words=first_max_words,
                                 clause_order=clause_order)

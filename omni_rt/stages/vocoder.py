@@ -1,8 +1,8 @@
 """Vocoder stages: turn the talker's stream into 24 kHz PCM16 audio chunks for the client.
 
-* ``PcmVocoderScheduler`` (CPU preset): the talker already produced waveforms; resample them with one
+* ``PcmVocoder`` (CPU preset): the talker already produced waveforms; resample them with one
   stateful resampler per response (no seams between clauses) to 24 kHz PCM16.
-* ``SnacVocoderScheduler`` (GPU preset): decode SNAC codes with a sliding window as they arrive, all
+* ``SnacVocoder`` (GPU preset): decode SNAC codes with a sliding window as they arrive, all
   streams that have new frames in one batched decode per step.
 
 Both stream ``PcmChunk`` (PCM16 LE mono at the pipeline output rate); the session layer converts to the
@@ -26,7 +26,7 @@ from omni_rt.contracts.payloads import Clause, CodecFrames, PcmChunk, TokenDelta
 OUTPUT_RATE = PIPELINE_OUTPUT_RATE
 
 
-class PcmVocoderScheduler(StreamingSimpleScheduler):
+class PcmVocoder(StreamingSimpleScheduler):
     def __init__(self, chunk_ms: int = 200) -> None:
         super().__init__(name="vocoder")
         self.chunk_samples = int(OUTPUT_RATE * chunk_ms / 1000)
@@ -57,11 +57,11 @@ class PcmVocoderScheduler(StreamingSimpleScheduler):
         self.emit(request_id, "result", {**payload, "output_samples": state.user.get("samples", 0)})
 
 
-def create_pcm_vocoder(chunk_ms: int = 200) -> PcmVocoderScheduler:
-    return PcmVocoderScheduler(chunk_ms=chunk_ms)
+def create_pcm_vocoder(chunk_ms: int = 200) -> PcmVocoder:
+    return PcmVocoder(chunk_ms=chunk_ms)
 
 
-class SnacVocoderScheduler(StreamingSimpleScheduler):
+class SnacVocoder(StreamingSimpleScheduler):
     """Streams SNAC codes to 24 kHz PCM16 with sliding-window decoders, batched. Input: ``CodecFrames``, or
     the codec LM's raw Orpheus tokens (``TokenDelta``), regrouped into frames per response here.
 
@@ -218,7 +218,7 @@ def create_snac_vocoder(
     dtype: str | None = None,
     max_batch_streams: int = 64,
     max_step_frames: int = 8,
-) -> SnacVocoderScheduler:
+) -> SnacVocoder:
     """``model``: a local SNAC 24 kHz directory (config.json + pytorch_model.bin); ``random_init`` for shape tests.
 
     ``dtype``: float16 by default on CUDA (half the bytes and tensor-core convolutions; fp16 keeps 3 more
@@ -238,5 +238,5 @@ def create_snac_vocoder(
         raise ValueError("stage 'vocoder' field 'model': give a local SNAC 24 kHz directory or random_init: true")
     else:
         snac = load_snac(model, device=device)
-    return SnacVocoderScheduler(snac.to(torch_dtype), max_batch_streams=max_batch_streams,
+    return SnacVocoder(snac.to(torch_dtype), max_batch_streams=max_batch_streams,
                                 max_step_frames=max_step_frames)

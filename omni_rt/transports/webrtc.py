@@ -18,7 +18,8 @@ differs is only the carriage:
 - A sideband WebSocket ``/v1/realtime?call_id=ID`` (a server-side controller: tools, instructions) feeds the
   same session and receives the same server events as the data channel.
 
-aiortc is an optional dependency (the ``webrtc`` extra); without it the route answers 501.
+aiortc is an optional dependency (the ``webrtc`` extra); without it the route answers 501. This module is the call
+and its registry; the audio tracks are in ``webrtc_media.py``, the offer's parsing and checks in ``webrtc_offer.py``.
 """
 
 from __future__ import annotations
@@ -26,22 +27,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import fractions
 import json
 import logging
 import time
-from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from omni_rt.audio.formats import decode_bytes, encode_float, format_rate, parse_audio_format
-from omni_rt.audio.pcm import StreamResampler, float_to_int16
+from omni_rt.audio.pcm import StreamResampler
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.events import new_id
 from omni_rt.session.core import RealtimeSession, SessionOptions
 from omni_rt.transports.runner import SessionRunner
+from omni_rt.transports.webrtc_media import WIRE_RATE, PacedAudioTrack, decode_on_arrival, webrtc_available
+from omni_rt.transports.webrtc_offer import DATA_CHANNEL, CallError, check_offer, read_offer
 
 if TYPE_CHECKING:
     from omni_rt.transports.host import TransportHost
@@ -49,309 +49,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("omni_rt.webrtc")
 logging.getLogger("aioice").setLevel(logging.WARNING)  # one INFO line per candidate pair check, per call
 
-WIRE_RATE = 48000  # Opus in WebRTC always runs at 48 kHz
-FRAME_SAMPLES = 960  # 20 ms at 48 kHz: one Opus packet
-FRAME_S = FRAME_SAMPLES / WIRE_RATE
-TIME_BASE = fractions.Fraction(1, WIRE_RATE)  # pts count samples
-
-
-def wire_frame(pcm: np.ndarray, pts: int) -> Any:
-    """One 20 ms ``av.AudioFrame`` of int16 mono at the wire rate, stamped ``pts`` (in samples)."""
-    from av import AudioFrame
-
-    frame = AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-    frame.planes[0].update(pcm.tobytes())
-    frame.sample_rate = WIRE_RATE
-    frame.pts = pts
-    frame.time_base = TIME_BASE
-    return frame
-
-
-class WireEncoder:
-    """Opus-encodes a track's 20 ms frames in its own ``recv()``, which hands aiortc the packet.
-
-    Given a frame, aiortc's sender scans it for the audio-level header (44-112 us) and encodes it on the loop's
-    thread pool: a thread hop and two wake-ups per 20 ms. Encoding here, with aiortc's own encoder (the same
-    payload bytes), costs a call 1.5-2.5% of a core less on each end, CPU that the pipeline on the same cores
-    otherwise waits for. The server's answer track and the bench's microphone (``latency_bench/webrtc_client.py``)
-    both send this way; the packets carry no audio-level header extension (nothing here reads it).
-    """
-
-    def __init__(self) -> None:
-        from aiortc.codecs.opus import OpusEncoder
-        from av import Packet
-
-        self._encoder = OpusEncoder()
-        self._packet = Packet  # imported once, not per 20 ms
-
-    def packet(self, pcm: np.ndarray, pts: int) -> Any:
-        """One ``av.Packet`` for 960 int16 samples, stamped ``pts`` (in samples) for the RTP timestamp."""
-        payloads, _ = self._encoder.encode(wire_frame(pcm, pts))
-        packet = self._packet(payloads[0] if payloads else b"\xfc\xff\xfe")  # always one (aiortc frames its input in 20 ms); else silence
-        packet.pts = pts
-        packet.time_base = TIME_BASE
-        return packet
-
-
-DATA_CHANNEL = "oai-events"
-MAX_SDP_BYTES = 64 * 1024
-MAX_SESSION_BYTES = 256 * 1024
-MAX_QUEUED_FRAMES = 50 * 300  # 5 minutes of answer audio queued in the track
-MAX_SILENCE_SLIP_S = 0.002  # per silent frame, while the send clock is ahead of the RTP clock
 MAX_SIDEBAND_EVENTS = 4096  # server events queued for a sideband controller that does not read
 
-
-class ImmediateAudioBuffer:
-    """The microphone's jitter buffer: each in-order RTP packet is one whole Opus frame, decoded on arrival.
-
-    aiortc's audio receiver holds 4 frames (80 ms) before it decodes the first, and even holding 1 releases a
-    frame only when the next arrives (20 ms): all of that is added to the end of every user turn. VAD and Whisper
-    need no smooth playout, so a frame goes to the decoder at once; a packet that arrives after a later one
-    (reordered) is dropped, a 20 ms gap the recognizer shrugs off. Same ``add`` contract as aiortc's JitterBuffer.
-    """
-
-    def __init__(self) -> None:
-        self._next: int | None = None
-
-    def add(self, packet: Any) -> tuple[bool, Any]:
-        from aiortc.jitterbuffer import JitterFrame
-
-        seq = packet.sequence_number
-        if self._next is not None and (seq - self._next) & 0xFFFF >= 0x8000:
-            return False, None  # older than one already decoded
-        self._next = (seq + 1) & 0xFFFF
-        data = getattr(packet, "_data", b"")
-        return False, (JitterFrame(data=data, timestamp=packet.timestamp) if data else None)
-
-
-def decode_on_arrival(receiver: Any) -> None:
-    """Give an aiortc audio receiver the ``ImmediateAudioBuffer`` (its jitter buffer is private in aiortc 1.16.0,
-    the pinned version) before media flows; a receiver that has none is left alone."""
-    from aiortc.jitterbuffer import JitterBuffer
-
-    name = "_RTCRtpReceiver__jitter_buffer"
-    if isinstance(getattr(receiver, name, None), JitterBuffer):
-        setattr(receiver, name, ImmediateAudioBuffer())
-
-
-def webrtc_available() -> bool:
-    try:
-        import aiortc  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@dataclass
-class CallError(Exception):
-    """A refused call: the HTTP status and an OpenAI-style error body."""
-
-    status: int
-    code: str
-    message: str
-    param: str | None = None
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"type": "invalid_request_error", "code": self.code, "message": self.message, "param": self.param}}
-
-
-# ---- the offer ---------------------------------------------------------------------------------------------
-async def read_offer(request: Any) -> tuple[str, dict[str, Any] | None]:
-    """The SDP offer and optional session config of a ``POST /v1/realtime/calls`` body: raw ``application/sdp``,
-    multipart ``sdp`` + ``session`` (openai-python's ``calls.create``), or JSON ``{sdp, session}``."""
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    session: Any = None
-    if ctype == "multipart/form-data":
-        try:
-            form = await request.form(max_files=4, max_fields=8)
-        except Exception:  # starlette raises several kinds on a broken multipart body
-            raise CallError(400, "invalid_request", "could not parse the multipart body") from None
-        sdp, session = await _form_text(form.get("sdp")), await _form_text(form.get("session"))
-    else:
-        raw = await request.body()
-        if len(raw) > MAX_SDP_BYTES + MAX_SESSION_BYTES:
-            raise CallError(413, "request_too_large", f"the body is over {MAX_SDP_BYTES + MAX_SESSION_BYTES} bytes")
-        text = raw.decode("utf-8", errors="replace")
-        if ctype == "application/json":
-            try:
-                body = json.loads(text)
-            except (ValueError, RecursionError):
-                raise CallError(400, "invalid_json", "the body is not valid JSON") from None
-            if not isinstance(body, dict):
-                raise CallError(400, "invalid_json", "the JSON body must be an object with 'sdp' (and 'session')")
-            sdp, session = body.get("sdp"), body.get("session")
-        else:  # application/sdp, and what browsers send when the type is left out
-            sdp = text
-    if not isinstance(sdp, str) or not sdp.strip():
-        raise CallError(400, "missing_required_parameter", "the body needs an SDP offer", "sdp")
-    if len(sdp) > MAX_SDP_BYTES:
-        raise CallError(413, "request_too_large", f"the SDP offer is over {MAX_SDP_BYTES} bytes", "sdp")
-    if isinstance(session, str):
-        if len(session) > MAX_SESSION_BYTES:
-            raise CallError(413, "request_too_large", f"the session is over {MAX_SESSION_BYTES} bytes", "session")
-        try:
-            session = json.loads(session) if session.strip() else None
-        except (ValueError, RecursionError):
-            raise CallError(400, "invalid_json", "'session' is not valid JSON", "session") from None
-    if session is not None and not isinstance(session, dict):
-        raise CallError(400, "invalid_type", "'session' must be a JSON object", "session")
-    return sdp, session
-
-
-async def _form_text(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    data = await value.read(MAX_SDP_BYTES + MAX_SESSION_BYTES + 1)  # an UploadFile (a part with a filename)
-    if len(data) > MAX_SDP_BYTES + MAX_SESSION_BYTES:
-        raise CallError(413, "request_too_large", "a multipart part is too large")
-    return data.decode("utf-8", errors="replace")
-
-
-def check_offer(sdp: str) -> None:
-    """Refuse, with a clear reason, an offer this server cannot answer: not SDP, no audio, no data channel."""
-    from aiortc.sdp import SessionDescription
-
-    if not sdp.lstrip().startswith("v=0"):
-        raise CallError(400, "invalid_offer", "the body is not an SDP offer (it must start with 'v=0')", "sdp")
-    try:
-        desc = SessionDescription.parse(sdp)
-    except Exception:
-        raise CallError(400, "invalid_offer", "the SDP offer could not be parsed", "sdp") from None
-    kinds = [m.kind for m in desc.media]
-    if "audio" not in kinds:
-        raise CallError(400, "invalid_offer", "the offer has no audio section (m=audio): add a microphone track "
-                        "or an audio transceiver", "sdp")
-    if "application" not in kinds:
-        raise CallError(400, "invalid_offer", f"the offer has no data channel (m=application): create the "
-                        f"'{DATA_CHANNEL}' data channel before createOffer()", "sdp")
-    if not any(c.mimeType.lower() == "audio/opus" for m in desc.media if m.kind == "audio" for c in m.rtp.codecs):
-        raise CallError(400, "invalid_offer", "the offer's audio does not include Opus", "sdp")
-
-
-# ---- outgoing audio ----------------------------------------------------------------------------------------
-def _track_base():
-    from aiortc.mediastreams import MediaStreamTrack
-
-    return MediaStreamTrack
-
-
-class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type: ignore[misc]
-    """The answer's audio as an aiortc track: one 20 ms frame per 20 ms of RTP clock, silence when idle.
-
-    aiortc's sender pulls ``recv()`` as fast as it returns, so the pacing lives here (as in aiortc's own
-    ``AudioStreamTrack``). A frame counts as played when handed out; ``played_ms`` per item is what the
-    listener heard (give or take their jitter buffer).
-    """
-
-    kind = "audio"
-
-    def __init__(self, on_started: Callable[[str], None], on_stopped: Callable[[str], None]) -> None:
-        super().__init__()
-        self._frames: deque[tuple[str, str, np.ndarray]] = deque()  # (response id, item id, 960 int16)
-        self._partial: tuple[str, str, np.ndarray] | None = None  # the tail shorter than a frame
-        self._ending: set[str] = set()  # responses whose audio is all queued
-        self._playing: str | None = None  # response id whose audio is going out
-        self.played: dict[str, int] = {}  # item id -> samples handed out
-        self.last_item: str | None = None
-        self._on_started, self._on_stopped = on_started, on_stopped
-        self._start: float | None = None
-        self._pts = 0
-        self._silence = np.zeros(FRAME_SAMPLES, np.int16)
-        self._wire = WireEncoder()
-        self._idle_waiter: asyncio.Future | None = None  # set while recv() sleeps with nothing queued
-        self._ahead = 0.0  # seconds the send clock runs ahead of the RTP clock (early first frames), repaid in silence
-
-    def push(self, response_id: str, item_id: str, samples: np.ndarray) -> None:
-        """Queue float32 48 kHz audio of one response (whole frames; a short tail waits for more)."""
-        pcm = float_to_int16(samples)
-        if self._partial is not None and self._partial[1] == item_id:
-            pcm = np.concatenate([self._partial[2], pcm])
-        self._partial = None
-        whole = len(pcm) - len(pcm) % FRAME_SAMPLES
-        for i in range(0, whole, FRAME_SAMPLES):
-            self._frames.append((response_id, item_id, pcm[i : i + FRAME_SAMPLES]))
-        if whole < len(pcm):
-            self._partial = (response_id, item_id, pcm[whole:])
-        while len(self._frames) > MAX_QUEUED_FRAMES:
-            self._frames.popleft()
-        if self._frames and self._idle_waiter is not None and not self._idle_waiter.done():
-            self._idle_waiter.set_result(None)
-
-    def end(self, response_id: str, item_id: str) -> None:
-        """All of this response's audio is queued: pad its tail to a frame; ``stopped`` once it has played."""
-        if self._partial is not None and self._partial[1] == item_id:
-            tail = self._partial[2]
-            self._frames.append((response_id, item_id, np.concatenate([tail, self._silence[len(tail):]])))
-            self._partial = None
-        self._ending.add(response_id)
-
-    def clear(self) -> str | None:
-        """Barge-in: drop everything queued now; returns the response that was cut off, if any."""
-        cut = self._playing or (self._frames[0][0] if self._frames else None) or (self._partial[0] if self._partial else None)
-        self._frames.clear()
-        self._partial = None
-        self._ending.clear()
-        self._playing = None
-        return cut
-
-    def heard(self) -> tuple[str, int] | None:
-        """(item id, ms) of the item whose audio went out last."""
-        if self.last_item is None:
-            return None
-        return self.last_item, self.played.get(self.last_item, 0) * 1000 // WIRE_RATE
-
-    def queued_frames(self) -> int:
-        return len(self._frames)
-
-    async def recv(self):
-        from aiortc.mediastreams import MediaStreamError
-
-        if self.readyState != "live":
-            raise MediaStreamError
-        loop = asyncio.get_running_loop()
-        if self._start is None:
-            self._start = loop.time()
-        else:
-            self._pts += FRAME_SAMPLES
-            if not self._frames and self._ahead > 0:  # silence: slip back toward the RTP clock, 2 ms a frame
-                repay = min(self._ahead, MAX_SILENCE_SLIP_S)
-                self._start += repay
-                self._ahead -= repay
-            wait = self._start + self._pts / WIRE_RATE - loop.time()
-            if wait > 0 and not self._frames:
-                # idle (silence going out): an answer's first frame goes out when it arrives, not at the next
-                # tick (up to 20 ms sooner); the receiver takes that frame early in its stride, and the silence
-                # after the answer gives the time back
-                self._idle_waiter = loop.create_future()
-                timer = loop.call_later(wait, lambda f=self._idle_waiter: f.done() or f.set_result(None))
-                try:
-                    await self._idle_waiter
-                finally:
-                    timer.cancel()
-                    self._idle_waiter = None
-                if self._frames:
-                    early = self._start + self._pts / WIRE_RATE - loop.time()
-                    if early > 0:
-                        self._start -= early
-                        self._ahead += early
-            elif wait > 0:
-                await asyncio.sleep(wait)
-            elif wait < -0.2:  # the loop stalled: restart the clock rather than burst to catch up
-                self._start = loop.time() - self._pts / WIRE_RATE
-                self._ahead = 0.0
-        pcm = self._silence
-        if self._frames:
-            response_id, item_id, pcm = self._frames.popleft()
-            if self._playing != response_id:
-                self._playing = response_id
-                self._on_started(response_id)
-            self.played[item_id] = self.played.get(item_id, 0) + FRAME_SAMPLES
-            self.last_item = item_id
-        if self._playing is not None and not self._frames and self._playing in self._ending:
-            self._ending.discard(self._playing)
-            self._on_stopped(self._playing)
-            self._playing = None
-        return self._wire.packet(pcm, self._pts)
+__all__ = ["Call", "CallError", "CallRegistry", "read_offer", "webrtc_available"]
 
 
 # ---- one call ----------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""llama.cpp as the CPU thinker, part 3: the scheduler, a ``RemoteScheduler`` over a managed ``llama-server``.
+"""llama.cpp as the CPU thinker, part 3: the scheduler, a ``RemoteThinker`` over a managed ``llama-server``.
 
 It owns the server process (``omni_rt.engine.llama_server``) through start/stop, picks each request's slot so
 a short new part goes first in every batch, sends the talker's language bias as ``logit_bias``, and renders
@@ -21,7 +21,7 @@ from omni_rt.engine.constrained import closed, forced_tools, forces_call
 from omni_rt.engine.history import HistoryWindow
 from omni_rt.engine.llama_server import LlamaServer
 from omni_rt.engine.prefill_pieces import ShortPrefills, prefill_in_pieces
-from omni_rt.engine.remote import RemoteScheduler, request_body
+from omni_rt.engine.remote import RemoteThinker, request_body
 from omni_rt.engine.request import GenRequest
 from omni_rt.engine.tool_prompt import detect_format, render_prompt
 from omni_rt.engine.tool_schema import callable_tools
@@ -80,8 +80,8 @@ def answer_gbnf(still: list[dict]) -> str:
     ]) + "\n"
 
 
-class LlamaCppScheduler(RemoteScheduler):
-    """``RemoteScheduler`` over a managed ``llama-server``: start/stop own the process, and an answer
+class LlamaCppThinker(RemoteThinker):
+    """``RemoteThinker`` over a managed ``llama-server``: start/stop own the process, and an answer
     broken by a crash fails with an error that says so (the supervisor restarts the server)."""
 
     def __init__(self, server: LlamaServer, history_tokens: int | None = None, heavy_prefill_tokens: int = 64,
@@ -238,7 +238,7 @@ class LlamaCppScheduler(RemoteScheduler):
             self._slot_of.pop(request_id, None)
 
 
-def create_llama_cpp_scheduler(
+def create_llama_cpp_thinker(
     gguf: str | os.PathLike,
     binary: str | os.PathLike,
     *,
@@ -258,5 +258,5 @@ def create_llama_cpp_scheduler(
     """A not-yet-started scheduler; ``start()`` launches the server and waits for its health."""
     server = LlamaServer(binary, gguf, threads=threads, parallel=parallel, ctx_size=ctx_size, cache_ram_mib=cache_ram_mib,
                          batch_tokens=batch_tokens, unified_kv=unified_kv, extra_args=extra_args)
-    return LlamaCppScheduler(server, history_tokens=history_tokens, model="omni-rt-thinker", tokenizer=tokenizer,
+    return LlamaCppThinker(server, history_tokens=history_tokens, model="omni-rt-thinker", tokenizer=tokenizer,
                              name=name, default_max_tokens=default_max_tokens, dialect="llama.cpp", **remote_kwargs)
