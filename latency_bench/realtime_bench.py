@@ -1174,12 +1174,15 @@ def turn_taking_markdown(result: dict[str, Any]) -> str:
             e = r["end_silence_ms"]
             lines.append(f"| {mode} | {frac(r['false_end_hesitant'])} | {frac(r['false_end_complete'])} | {sure} | "
                          f"{e['p50']:.0f} / {e['p95']:.0f} |")
-        lines += ["", "Smart Turn's score and the transcript's cue (open / lead-in / guess / question / can end / empty) per kind of pause:", "",
-                  "| pause | n | Smart Turn p5 / p50 / p95 | words: open / lead-in / guess / question / can end / empty |", "|---|---|---|---|"]
+        from omni_rt.contracts import turn_detection as tdm
+
+        cues = " / ".join(c.replace("_", " ") for c in tdm.WORDS_CUES)
+        lines += ["", f"Smart Turn's score and the transcript's cue ({cues}) per kind of pause:", "",
+                  f"| pause | n | Smart Turn p5 / p50 / p95 | words: {cues} |", "|---|---|---|---|"]
         for name, d in st["distributions"].items():
             w = d["words"]
             lines.append(f"| {name} | {d['n']} | {d['audio_p5']:.3f} / {d['audio_p50']:.3f} / {d['audio_p95']:.3f} | "
-                         f"{w['open']} / {w['lead_in']} / {w['guess']} / {w['question']} / {w['can_end']} / {w['empty']} |")
+                         + " / ".join(str(w.get(c, 0)) for c in tdm.WORDS_CUES) + " |")
         lines.append("")
     lines += ["Live, through the server (voice 'plain', a client streaming like a live mic):", "",
               "| mode | sessions | complete turns ok | V2V p50 / p95 / max | TTFA p50 / p95 | end of speech -> speech_stopped p50 / p95 "

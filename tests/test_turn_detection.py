@@ -219,6 +219,7 @@ def test_semantic_vad_config_defaults_and_echo() -> None:
         # words: an open end holds the turn, a finished-looking one caps the wait, a lead-in is never "sure"
         assert sem.end_silence_ms(0.99, "open") == sem.end_silence_ms(None, "can_end") == sem.end_silence_ms(0.99, None) == max_ms
         assert sem.end_silence_ms(0.01, "can_end") == sem.end_silence_ms(0.99, "lead_in") == sem.unsure_silence_ms < max_ms
+        assert sem.end_silence_ms(0.99, "asked_open") == sem.unsure_silence_ms  # a sure "?" on "is": not the 4 s
         assert sem.end_silence_ms(0.99, "can_end") == sem.complete_silence_ms
         # Whisper's last word: a guessed one is never sure; a confident question is sure unless Smart Turn says no
         assert sem.end_silence_ms(0.99, "guess") == sem.unsure_silence_ms
@@ -301,6 +302,9 @@ def test_words_cue(text: str, cue: str) -> None:
     ("We could go to the parkour.", 0.26, "guess"), ("Please send a message to you.", 0.19, "guess"),
     ("What is the capital of France?", 0.85, "question"), ("Why is the sky blue?", 0.6, "can_end"),
     ("Set a timer for 10 minutes.", 0.98, "can_end"), ("I need a table for", 0.1, "open"), ("Hello?", 0.99, "lead_in"),
+    # a sure "?" on an auxiliary or a preposition waits the unsure silence, not the maximum; unsure, a filler: open
+    ("Hello there, can you tell me what time it is?", 0.99, "asked_open"), ("Where are you from?", 0.9, "asked_open"),
+    ("Can you set a timer for?", 0.6, "open"), ("Is it, um?", 0.95, "open"), ("Can you tell me what time it is", 0.99, "open"),
 ])
 def test_words_cue_with_the_last_words_probability(text: str, last_word_prob: float, cue: str) -> None:
     assert tdm.words_cue(text, last_word_prob) == cue

@@ -13,6 +13,9 @@ transcript's last word. The words give a *cue* (``words_cue``):
 * ``open``: the transcript ends in a filler, a conjunction, an article/determiner, a preposition or an
   auxiliary ("um", "and", "the", "for", "is"), or in "..." / "," / "-": the sentence cannot end here;
 * ``lead_in``: nothing but a greeting or interjection ("Hi there.", "Hello?", "So"): people go on after it;
+* ``asked_open``: it ends in "?" on an auxiliary or a preposition and Whisper is sure of that word ("what time
+  it is?", "where are you from?"): often a finished question, but Whisper also puts "?" on a fragment ("the
+  time in?", "the capital of?"), so it waits the unsure silence rather than the maximum, with no second look;
 * ``guess``: it could end, but Whisper's last word has p < ``GUESSED_WORD_BELOW`` (0.5): at a pause after a
   clause that cannot end, Whisper often invents a closing word ("park or" -> "parkour.", "to" -> "to you.");
 * ``question``: it ends in "?" and Whisper is sure of the last word (p >= ``SURE_WORD_FROM``, 0.8);
@@ -27,6 +30,7 @@ words       audio (Smart Turn)                             the turn ends after
 not in yet  any                                            ``max_silence_ms`` (no turn ends unheard)
 open        any                                            ``max_silence_ms``
 lead_in     any                                            ``unsure_silence_ms``
+asked_open  any                                            ``unsure_silence_ms``
 guess       any                                            ``unsure_silence_ms``
 question    >= ``complete_threshold`` / below              ``complete_silence_ms`` / as can_end below
 can_end     >= ``sure_threshold``                          ``complete_silence_ms`` (the "sure" end)
@@ -134,7 +138,7 @@ LEAD_IN_WORDS = frozenset("hi hello hey there good morning afternoon evening so 
 OPEN_ENDINGS = ("...", "\u2026", ",", "-")
 GUESSED_WORD_BELOW = 0.5  # Whisper's probability of the last word under which it is a guess (cue ``guess``)
 SURE_WORD_FROM = 0.8  # ... from which Whisper is sure of it: a "?" is a question (cue), an unsure verdict gets a second look
-WORDS_CUES = ("open", "lead_in", "guess", "question", "can_end", "empty")
+WORDS_CUES = ("open", "lead_in", "asked_open", "guess", "question", "can_end", "empty")
 _WORD = re.compile(r"[a-z']+")
 
 
@@ -145,13 +149,16 @@ def words_cue(text: str, last_word_prob: float | None = None) -> str:
     words = _WORD.findall(t)
     if not words:
         return "empty"
-    if t.endswith(OPEN_ENDINGS) or words[-1] in OPEN_WORDS:
+    asked = last_word_prob is not None and last_word_prob >= SURE_WORD_FROM and t.endswith("?")
+    if t.endswith(OPEN_ENDINGS) or words[-1] in FILLERS:
         return "open"
+    if words[-1] in OPEN_WORDS:
+        return "asked_open" if asked else "open"
     if all(w in LEAD_IN_WORDS for w in words):
         return "lead_in"
     if last_word_prob is not None and last_word_prob < GUESSED_WORD_BELOW:
         return "guess"
-    if last_word_prob is not None and last_word_prob >= SURE_WORD_FROM and t.endswith("?"):
+    if asked:
         return "question"
     return "can_end"
 
@@ -172,7 +179,7 @@ class Eagerness:
         the second look's audio score (None: not taken or not in yet)."""
         if prob is None or cue is None or cue == "open":
             return self.max_silence_ms
-        if cue in ("lead_in", "guess"):
+        if cue in ("lead_in", "guess", "asked_open"):
             return self.unsure_silence_ms
         if self._sure(prob, cue):
             return self.complete_silence_ms
