@@ -219,7 +219,8 @@ def test_semantic_vad_config_defaults_and_echo() -> None:
         # words: an open end holds the turn, a finished-looking one caps the wait, a lead-in is never "sure"
         assert sem.end_silence_ms(0.99, "open") == sem.end_silence_ms(None, "can_end") == sem.end_silence_ms(0.99, None) == max_ms
         assert sem.end_silence_ms(0.01, "can_end") == sem.end_silence_ms(0.99, "lead_in") == sem.unsure_silence_ms < max_ms
-        assert sem.end_silence_ms(0.99, "asked_open") == sem.unsure_silence_ms  # a sure "?" on "is": not the 4 s
+        # a sure "?" on "is": not the maximum, nor shorter than a hesitation's pause
+        assert sem.end_silence_ms(0.99, "asked_open") == max(sem.unsure_silence_ms, tdm.ASKED_OPEN_SILENCE_MS) < max_ms
         assert sem.end_silence_ms(0.99, "can_end") == sem.complete_silence_ms
         # Whisper's last word: a guessed one is never sure; a confident question is sure unless Smart Turn says no
         assert sem.end_silence_ms(0.99, "guess") == sem.unsure_silence_ms
