@@ -106,6 +106,9 @@ class LlamaServer:
             # new user input starts a new answer (with prefill, llama-server continued the last reply, and
             # refused two assistant messages at the end: "Cannot have 2 or more assistant messages ...")
             "--no-prefill-assistant",
+            # no weight repacking: on an Intel Xeon with AVX-512 + AMX the vendored llama.cpp segfaulted at load
+            # repacking a Q4_1 GGUF (the packaged SmolLM2 one; F16, the preset's, is not repacked either way)
+            "--no-repack",
             *extra_args,
         ]  # fmt: skip
         self.log_path = Path(log_path) if log_path else cache_root() / "llama.cpp" / "logs" / f"llama-server-{os.getpid()}.log"
