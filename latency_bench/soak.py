@@ -278,7 +278,7 @@ def table(result: dict[str, Any]) -> str:
                      f"{s[cls].get('turns_with_cached_prefix')} of {s[cls]['turns']} turns reused a cached prefix")
     a, b = result["server_start"], result["server_end"]
     rss = result["rss_samples_mb"]
-    lines.append(f"server+children RSS {a.get('rss_tree_mb')} -> {b.get('rss_tree_mb')} MB "
+    lines.append(f"server+children RSS {a.get('rss_tree_mb')} -> {b.get('rss_tree_mb')} MB (drift {_rss_drift(result)}) "
                  f"(sampled {min(rss) if rss else None}..{max(rss) if rss else None} MB over {len(rss)} s); "
                  f"open FDs {a.get('open_fds')} -> {b.get('open_fds')}")
     st = result.get("debug_state_end") or {}
@@ -347,12 +347,21 @@ async def run_engine(args: Any, engine: str) -> dict[str, Any]:
             server.stop()
 
 
+def _rss_drift(result: dict[str, Any]) -> float | None:
+    """Server + children RSS once every session has closed, minus before the mix: what the run left behind.
+    The spread during the run is the live working set (each session's KV up to its budget, the prefix cache);
+    the drift is what a leak, or memory never handed back, would show."""
+    a, b = result["server_start"].get("rss_tree_mb"), result["server_end"].get("rss_tree_mb")
+    return round(b - a, 1) if a is not None and b is not None else None
+
+
 def verdict(result: dict[str, Any]) -> str:
     """One line per engine: the figures the issues hold (bystander <= 2x solo, RSS flat, 0 failed long turns)."""
     s, rss = result["summary"], result["rss_samples_mb"]
     spread = round(max(rss) - min(rss), 1) if rss else None
     return (f"{result['engine']:9} bystander/solo TTFT {s['bystander_ttft_ratio_p50']}x TTFA {s['bystander_ratio_p50']}x; "
-            f"RSS over the run {min(rss) if rss else None}..{max(rss) if rss else None} MB (spread {spread}); long session {s['marathon']['ok']}/{s['marathon']['turns']} answered, "
+            f"RSS over the run {min(rss) if rss else None}..{max(rss) if rss else None} MB (spread {spread}), "
+            f"after it {_rss_drift(result)} MB from its start; long session {s['marathon']['ok']}/{s['marathon']['turns']} answered, "
             f"{len(s['marathon']['failures'])} failed; mix failures "
             f"{sum(len(s[c]['failures']) for c in CLASSES)}")
 

@@ -7,9 +7,10 @@ One loop iteration, between two decode steps:
      compact live requests into slots ``0..B-1``;
   3. admit: prefill waiting requests into free slots (reusing a session's cached prefix), publish their
      first token. Prefill is *chunked*: at most ``prefill_chunk_tokens`` prompt tokens per iteration (fewer
-     while answers are decoding), the request with the fewest tokens left first, so a 3000-token prompt
-     costs the running decodes (and a short request arriving meanwhile) one chunk per step instead of a
-     multi-second stall. A request being
+     while answers are decoding, except that a prompt that fits one chunk goes whole), the request with the
+     fewest tokens left first, so a 3000-token prompt costs the running decodes (and a short request
+     arriving meanwhile) one chunk per step instead of a multi-second stall; what arrived during that
+     prefill is admitted too, before the decode step. A request being
      prefilled holds a slot above the decode rows and joins them when its last chunk is done. Concurrent
      prefills (several new sessions) share one forward, rows x longest chunk within the same bound;
   4. decode one step for all live rows.
@@ -51,6 +52,7 @@ from typing import Any
 
 from omni_rt.core.messages import IncomingMessage
 from omni_rt.core.scheduler import ThreadedScheduler
+from omni_rt.engine.heap import give_back_heap
 from omni_rt.engine.history import request_error_code
 from omni_rt.engine.language import vocab_bias
 from omni_rt.engine.prefix_cache import PrefixStore, common_prefix_len
@@ -126,7 +128,9 @@ class ARScheduler(ThreadedScheduler):
         engine.sampler.vocab_bias = None if bias is None else bias.to(engine.device)
         self.tools = ToolDecoding(tokenizer, engine.vocab_size, self.eos_token_ids, engine.device)
         self.output = TokenPublisher(self.emit, self.emit_error)
-        self.metrics = {"decode_steps": 0, "decode_s": 0.0, "decode_rows": 0, "prefill_tokens": 0, "prefill_s": 0.0}
+        self.metrics = {"decode_steps": 0, "decode_s": 0.0, "decode_rows": 0, "prefill_tokens": 0, "prefill_s": 0.0,
+                        "heap_trim_s": 0.0}
+        self._freed = False  # something was released since the heap was last trimmed
         self._waiting: deque[Sequence] = deque()
         self._rows: list[Sequence] = []  # invariant: self._rows[i].slot == i
         self._live: dict[str, Sequence] = {}
@@ -182,11 +186,17 @@ class ARScheduler(ThreadedScheduler):
             self._fail_all("scheduler stopped before the request finished", code="shutdown")
 
     def _iteration(self, pool: ThreadPoolExecutor | None, pending):
-        self._drain_inbox(block=not self._rows and not self._waiting and not self._prefilling)
+        idle = not self._rows and not self._waiting and not self._prefilling
+        if idle and self._freed:
+            self._freed = False
+            self.metrics["heap_trim_s"] += give_back_heap()  # about to sleep: hand freed pages back (engine/heap.py)
+        self._drain_inbox(block=idle)
         if not self.running:
             return None
         self._reap()
         self._admit()
+        if self._rows and self._drain_inbox(block=False):
+            self._admit()  # a turn that arrived during that prefill starts now, not after the next decode step
         self._reap()  # requests that finished on their first token
         if not self._rows:
             return None  # every row of a pending step has finished: nothing left to publish
@@ -243,11 +253,12 @@ class ARScheduler(ThreadedScheduler):
             return None
 
     # ------------------------------------------------------------------ inbox
-    def _drain_inbox(self, block: bool) -> None:
+    def _drain_inbox(self, block: bool) -> bool:
+        """Handle every message in the inbox (waiting up to 0.5 s for one when ``block``); True if there was any."""
         try:
             msg = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
         except queue.Empty:
-            return
+            return False
         while True:
             self._handle(msg)
             try:
@@ -256,6 +267,7 @@ class ARScheduler(ThreadedScheduler):
                 break
         if block and self.batch_wait_s > 0 and self._waiting:
             self._wait_for_company()
+        return True
 
     def _wait_for_company(self) -> None:
         """The engine was idle and work arrived: wait out the window (see ``batch_wait_ms``) for more."""
@@ -369,7 +381,7 @@ class ARScheduler(ThreadedScheduler):
         """Spend a bounded number of prefill tokens this iteration, fewest tokens left first; concurrent
         prefills share one forward (``TorchEngine.prefill_batch``), whose cost — rows x longest chunk — is
         what the budget bounds, so running answers wait at most one chunk's worth for new sessions."""
-        budget = self.prefill_tokens_while_decoding if self._rows else self.prefill_chunk_tokens
+        budget = self._prefill_budget()
         while budget > 0:
             group, width = self._next_prefills(budget)
             if not group:
@@ -433,12 +445,24 @@ class ARScheduler(ThreadedScheduler):
         self.output.forget(rid)
         self.emit_error(rid, exc, code="prefill_error")
 
-    def _next_prefills(self, budget: int) -> tuple[list[Sequence], int]:
-        """The requests to prefill together and the chunk width: shortest remaining prompt first (a short
-        bystander overtakes a long prefill between chunks, and finishes in this forward when it fits the
-        budget); a waiting request is a candidate only while a slot is free. Of the widths that let the
-        shortest take its whole chunk, the one moving the most real tokens within ``rows x width <= budget``
-        (ties: more rows)."""
+    def _prefill_budget(self) -> int:
+        """Prompt tokens this iteration may prefill: a full chunk on an idle engine; while answers decode, the
+        smaller share — unless the shortest candidate fits a full chunk, which then gets all of it and
+        finishes in this one forward. A short turn arriving among long prefills would otherwise take
+        several iterations of (its share + everyone's decode step) for its first token (the bystander of
+        issue #26 waited ~3x its solo time); a whole short prompt costs the decoding answers one forward
+        of at most a chunk, once per request — the bound the chunk size already promises them."""
+        if not self._rows:
+            return self.prefill_chunk_tokens
+        cands = self._prefill_candidates()
+        shortest = cands[0][0] if cands else 0
+        if self.prefill_tokens_while_decoding < shortest <= self.prefill_chunk_tokens:
+            return shortest
+        return self.prefill_tokens_while_decoding
+
+    def _prefill_candidates(self) -> list[tuple[int, int, Sequence]]:
+        """(tokens left, order, request) of the requests that could prefill now, fewest tokens left first:
+        those mid-prefill, and waiting ones only while a slot is free for them."""
         cands = [(len(s.prompt_ids) - self._prefill_pos[s.request_id], i, s) for i, s in enumerate(self._prefilling)]
         free = self.engine.max_batch_size - len(self._rows) - len(self._prefilling)
         waiting = sorted(  # (estimating a cached prefix per waiting request only when one could start)
@@ -446,7 +470,14 @@ class ARScheduler(ThreadedScheduler):
              for i, s in enumerate(self._waiting)),
             key=lambda c: (c[0], c[1]),
         )[:free] if free > 0 else []
-        cands = sorted(cands + waiting, key=lambda c: (c[0], c[1]))
+        return sorted(cands + waiting, key=lambda c: (c[0], c[1]))
+
+    def _next_prefills(self, budget: int) -> tuple[list[Sequence], int]:
+        """The requests to prefill together and the chunk width: shortest remaining prompt first (a short
+        bystander overtakes a long prefill between chunks, and finishes in this forward when it fits the
+        budget). Of the widths that let the shortest take its whole chunk, the one moving the most real
+        tokens within ``rows x width <= budget`` (ties: more rows)."""
+        cands = self._prefill_candidates()
         if not cands:
             return [], 0
         lefts = [c[0] for c in cands]
@@ -529,6 +560,7 @@ class ARScheduler(ThreadedScheduler):
             fed = seq.fed_tokens(kv_len)
             self.prefix_store.put(sid, fed, self.engine.export_kv(seq.slot, len(fed)))
         self.engine.release(seq.slot)
+        self._freed = True
         self._live.pop(seq.request_id, None)
         self.output.forget(seq.request_id)
         self._prefill_pos.pop(seq.request_id, None)
@@ -539,6 +571,7 @@ class ARScheduler(ThreadedScheduler):
         while len(self._closed) > _REMEMBER_CLOSED:
             self._closed.popitem(last=False)
         self.prefix_store.drop(sid)
+        self._freed = True
         if self.history is not None:
             self.history.forget(sid)
 
