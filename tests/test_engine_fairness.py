@@ -236,3 +236,20 @@ def test_chunked_interleaved_prefill_matches_one_at_a_time_greedy(tmp_path, stat
         assert wait_until(lambda: sched.live_state() == 0)
     finally:
         sched.stop()
+
+
+def test_idle_thinker_hands_freed_heap_back_once(tiny_chat):
+    """Freed KV copies and activations go back to the OS when the thinker goes idle (engine/heap.py): once per
+    idle period after something was freed, not on every idle wake-up, and never while requests run."""
+    sched = _sched(tiny_chat)
+    try:
+        send(sched, "a", {"messages": [SYSTEM, QUESTION], "max_tokens": 5, "session_id": "s"})
+        collect(sched, ["a"], timeout=30)
+        assert wait_until(lambda: sched.metrics["heap_trims"] == 1, timeout=10)
+        time.sleep(1.2)  # two more idle wake-ups of the inbox wait (0.5 s each): nothing new freed
+        assert sched.metrics["heap_trims"] == 1
+        sched.close_session("s")  # dropping the session's cached prefix frees memory again
+        assert wait_until(lambda: sched.metrics["heap_trims"] == 2, timeout=10)
+        assert sched.metrics["heap_trim_s"] < 1.0
+    finally:
+        sched.stop()

@@ -129,7 +129,7 @@ class ARScheduler(ThreadedScheduler):
         self.tools = ToolDecoding(tokenizer, engine.vocab_size, self.eos_token_ids, engine.device)
         self.output = TokenPublisher(self.emit, self.emit_error)
         self.metrics = {"decode_steps": 0, "decode_s": 0.0, "decode_rows": 0, "prefill_tokens": 0, "prefill_s": 0.0,
-                        "heap_trim_s": 0.0}
+                        "heap_trims": 0, "heap_trim_s": 0.0}
         self._freed = False  # something was released since the heap was last trimmed
         self._waiting: deque[Sequence] = deque()
         self._rows: list[Sequence] = []  # invariant: self._rows[i].slot == i
@@ -189,7 +189,8 @@ class ARScheduler(ThreadedScheduler):
         idle = not self._rows and not self._waiting and not self._prefilling
         if idle and self._freed:
             self._freed = False
-            self.metrics["heap_trim_s"] += give_back_heap()  # about to sleep: hand freed pages back (engine/heap.py)
+            self.metrics["heap_trims"] += 1  # about to sleep: hand freed pages back (engine/heap.py)
+            self.metrics["heap_trim_s"] += give_back_heap()
         self._drain_inbox(block=idle)
         if not self.running:
             return None
