@@ -161,6 +161,24 @@ def test_short_requests_take_lower_llama_slots_than_heavy_prefills(tokenizer):
     assert set(sched._slot_of) == {"h1", "s2", "h2"}
 
 
+def test_a_front_trimmed_prompt_counts_its_kept_turns_as_cached_with_cache_reuse(tokenizer):
+    """What llama-server's ``--cache-reuse`` keeps (chunks shifted into place past the first difference) is not
+    new: a trimmed history stays a light request (no heavy pieces, its own slot) instead of looking like a
+    whole new prompt. Short coincidental matches (< the chunk) are not counted."""
+    from omni_rt.engine.prefix_cache import reusable_len
+
+    system, old_turns, kept, new = list(range(20)), list(range(100, 300)), list(range(300, 700)), list(range(900, 930))
+    before, after = system + old_turns + kept, system + kept + new
+    assert reusable_len(before, after, 0) == 20  # the prefix only
+    assert reusable_len(before, after, 64) == 20 + 400  # + the kept turns, shifted
+    assert reusable_len(before, system + [5, 6, 7] + new, 3) == 20  # no chunk of 3 in the cache past the prefix
+    assert reusable_len(system + list(range(100, 160)) + list(range(400, 410)), system + list(range(400, 410)), 64) == 20
+    window = HistoryWindow(tokenizer, 1024)
+    window.new_tokens("s", before)
+    assert window.new_tokens("s", after, reuse_chunk=64) == 30
+    assert window.new_tokens("s", after + new, reuse_chunk=0) == 30  # prefix-only: what was after it
+
+
 @pytest.fixture(scope="module")
 def torch_server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("torch"), "--preset", str(ROOT / "latency_bench/presets/torch.yaml"),

@@ -23,6 +23,8 @@ import logging
 from collections import OrderedDict
 from typing import Any, Callable
 
+from omni_rt.engine.prefix_cache import reusable_len
+
 log = logging.getLogger(__name__)
 
 MSG_OVERHEAD_TOKENS = 8  # chat-template tokens around one message (ChatML: <|im_start|>role\n ... <|im_end|>\n)
@@ -171,21 +173,17 @@ class HistoryWindow:
         log.info("%s: session %s history trimmed to fit %s: oldest %d messages dropped, %d kept (%d of %d prompt tokens)",
                  self.name, sid, self.describe(), keep_from, len(rest) - keep_from, prompt_tokens, budget)
 
-    def new_tokens(self, sid: str | None, ids: list[int]) -> int:
-        """Tokens of ``ids`` past the common prefix with the session's previous prompt: about what an engine
-        that cached that prompt must prefill now (remembered for the most recent ``_REPORTED * 4`` sessions)."""
+    def new_tokens(self, sid: str | None, ids: list[int], reuse_chunk: int = 0) -> int:
+        """Tokens of ``ids`` an engine that cached the session's previous prompt must prefill now: past their
+        common prefix, less the chunks of >= ``reuse_chunk`` tokens it shifts into place (0: prefix only;
+        remembered for the most recent ``_REPORTED * 4`` sessions)."""
         if not sid:
             return len(ids)
         last = self._last_ids.pop(sid, [])
         self._last_ids[sid] = ids
         if len(self._last_ids) > _REPORTED * 4:
             self._last_ids.popitem(last=False)
-        n = 0
-        for a, b in zip(last, ids):
-            if a != b:
-                break
-            n += 1
-        return len(ids) - n
+        return len(ids) - reusable_len(last, ids, reuse_chunk)
 
     def forget(self, sid: str) -> None:
         """A closed session: its cut, trim record and last prompt go (thread-safe: single dict operations)."""

@@ -151,7 +151,7 @@ class LlamaCppThinker(RemoteThinker):
         if ids is None or self.history is None:
             return None
         sid = req.session_id
-        new = self.history.new_tokens(sid, ids)
+        new = self.history.new_tokens(sid, ids, reuse_chunk=self.server.cache_reuse_tokens)
         heavy = new > self.heavy_prefill_tokens
         busy = self._slot_of.values()
         free = sorted(set(range(self.server.parallel)) - set(s for s, _ in busy))
@@ -249,6 +249,7 @@ def create_llama_cpp_thinker(
     cache_ram_mib: int = 256,
     batch_tokens: int | None = 16,
     unified_kv: bool = False,
+    cache_reuse_tokens: int = 64,
     extra_args: Sequence[str] = (),
     tokenizer: Any = None,
     default_max_tokens: int = 256,
@@ -257,6 +258,7 @@ def create_llama_cpp_thinker(
 ):
     """A not-yet-started scheduler; ``start()`` launches the server and waits for its health."""
     server = LlamaServer(binary, gguf, threads=threads, parallel=parallel, ctx_size=ctx_size, cache_ram_mib=cache_ram_mib,
-                         batch_tokens=batch_tokens, unified_kv=unified_kv, extra_args=extra_args)
+                         batch_tokens=batch_tokens, unified_kv=unified_kv, cache_reuse_tokens=cache_reuse_tokens,
+                         extra_args=extra_args)
     return LlamaCppThinker(server, history_tokens=history_tokens, model="omni-rt-thinker", tokenizer=tokenizer,
                              name=name, default_max_tokens=default_max_tokens, dialect="llama.cpp", **remote_kwargs)
