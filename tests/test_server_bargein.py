@@ -54,11 +54,12 @@ class RT:
             if event["type"] == etype and (pred is None or pred(event)):
                 return event
 
-    async def ask_long(self) -> tuple[str, str]:
-        """A long spoken answer: returns (response id, assistant item id) once its first audio delta arrived."""
+    async def ask_long(self, response: dict[str, Any] | None = None) -> tuple[str, str]:
+        """A long spoken answer: returns (response id, assistant item id) once its first audio delta arrived.
+        ``response``: the ``response.create`` options (``max_output_tokens`` lifts the sentence limit)."""
         await self.send({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": LONG_ASK}]}})
-        await self.send({"type": "response.create"})
+        await self.send({"type": "response.create", **({"response": response} if response else {})})
         rid = (await self.until("response.created"))["response"]["id"]
         first = await self.until("response.output_audio.delta", lambda e: e["response_id"] == rid)
         return rid, first["item_id"]
@@ -142,17 +143,23 @@ async def test_barge_in_cancels_answer_then_truncate_and_cancel(live_server, spe
 
 
 async def test_truncate_in_flight_keeps_what_was_heard(live_server):
-    """Truncating the answer while it plays cancels it; the item's transcript becomes a prefix of the answer."""
+    """Truncating the answer while it plays cancels it; the item's transcript becomes a prefix of the answer.
+
+    The answer must still be generating when the truncate lands: a token budget instead of the one-sentence
+    voice limit makes it several sentences long (the server makes audio faster than real time, so a short one
+    can be complete before the client has heard 3 s of it), and it is truncated after ~1.5 s of audio."""
     ws, rt = await open_rt(live_server)
     async with asyncio.timeout(180), ws:
-        rid, item_id = await rt.ask_long()
-        while len(audio_of(rt.events, rid)) < 3000 * BYTES_PER_MS:
+        rid, item_id = await rt.ask_long({"max_output_tokens": 96})
+        while len(audio_of(rt.events, rid)) < 1500 * BYTES_PER_MS:
             event = await rt.recv()
-            assert event["type"] != "response.done", "the answer ended before 3 s of audio"
+            assert event["type"] != "response.done", "the answer ended before 1.5 s of audio"
         heard_ms = len(audio_of(rt.events, rid)) // BYTES_PER_MS * 2 // 3
+        since = len(rt.events)
         await rt.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": heard_ms})
         await rt.until("conversation.item.truncated")
-        done = await rt.until("response.done", lambda e: e["response"]["id"] == rid)
+        # since: a response.done that overtook the truncate is found (and fails below), not waited for forever
+        done = await rt.until("response.done", lambda e: e["response"]["id"] == rid, since=since)
     assert done["response"]["status"] == "cancelled", done
     full = next(e for e in rt.events if e["type"] == "response.output_audio_transcript.done")["transcript"]
     item_done = [e for e in rt.events if e["type"] == "conversation.item.done" and e["item"]["id"] == item_id][-1]
