@@ -246,7 +246,7 @@ def create_llama_cpp_thinker(
     threads: int = 1,
     parallel: int = 4,
     ctx_size: int = 8192,
-    cache_ram_mib: int = 256,
+    cache_ram_mib: int = 0,
     batch_tokens: int | None = 16,
     unified_kv: bool = False,
     cache_reuse_tokens: int = 64,

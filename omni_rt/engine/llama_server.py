@@ -1,8 +1,8 @@
 """llama.cpp as the CPU thinker, part 2: one supervised ``llama-server`` child on a private 127.0.0.1 port.
 
 Why a server process and not ``llama-cpp-python`` in-process: ``llama-server`` already does what many voice
-sessions need — continuous batching across slots, a per-slot prompt cache (``cache_prompt``) plus a RAM
-prompt cache across slots (``--cache-ram``), SSE streaming, cancel-on-disconnect, ``--jinja`` chat templates
+sessions need — continuous batching across slots, a per-slot prompt cache (``cache_prompt``; a RAM prompt
+cache across slots, ``--cache-ram``, is off by default: ``cache_ram_mib``), SSE streaming, cancel-on-disconnect, ``--jinja`` chat templates
 with tool calls and ``json_schema`` grammars — while the in-process binding serves one sequence at a time
 behind a lock. The server speaks the OpenAI API, so the existing ``RemoteThinker`` drives it unchanged.
 
@@ -82,7 +82,7 @@ class LlamaServer:
         threads: int = 1,
         parallel: int = 4,
         ctx_size: int = 8192,
-        cache_ram_mib: int = 256,
+        cache_ram_mib: int = 0,
         batch_tokens: int | None = 16,
         unified_kv: bool = False,
         cache_reuse_tokens: int = 64,
@@ -101,6 +101,9 @@ class LlamaServer:
             "-m", str(self.model), "--host", host, "--port", "{port}", "-a", "omni-rt-thinker",
             "-t", str(threads), "-tb", str(threads), "--poll", "0",
             "-c", str(ctx_size), "--parallel", str(parallel), "--kv-unified" if unified_kv else "--no-kv-unified",
+            # no host-RAM prompt cache by default: each session keeps its own slot (the slot picker), so it only
+            # helps when sessions outnumber slots, and it grew the RSS by its cap over a run (soak --quick,
+            # 2026-12-03: drift +202 MB with 256 MiB, +58 MB with 0; bystander/solo TTFT 1.98x vs 1.37x)
             "--cont-batching", "--cache-ram", str(cache_ram_mib), "--jinja", "--no-webui", "--metrics", "--slots",
             *(("-b", str(batch_tokens), "-ub", str(batch_tokens)) if batch_tokens else ()),
             # a trailing assistant message is a whole turn, not a prefix to continue: a response.create with no
