@@ -4,7 +4,8 @@ Why a server process and not ``llama-cpp-python`` in-process: ``llama-server`` a
 sessions need — continuous batching across slots, a per-slot prompt cache (``cache_prompt``; a RAM prompt
 cache across slots, ``--cache-ram``, is off by default: ``cache_ram_mib``), SSE streaming,
 cancel-on-disconnect, ``--jinja`` chat templates with tool calls and ``json_schema`` grammars — while the
-in-process binding serves one sequence at a time behind a lock. The server speaks the OpenAI API, so the existing ``RemoteThinker`` drives it unchanged.
+in-process binding serves one sequence at a time behind a lock. The server speaks the OpenAI API, so the
+existing ``RemoteThinker`` drives it unchanged.
 
 The binary comes from ``omni_rt.engine.llama_cpp`` (build/locate); the scheduler that drives the server is
 ``omni_rt.engine.llama_cpp_thinker``.
