@@ -7,7 +7,7 @@ command, then one long session — does the server stay fair, answer every turn,
     python -m latency_bench.soak --url ws://127.0.0.1:8000 --pid 1234   # a running server
 
 Per engine (``llama.cpp`` = the CPU preset, ``torch`` = ``latency_bench/presets/torch.yaml``) a fresh server runs:
-1. a ``short`` solo baseline on the idle server (after one unrecorded warm-up turn);
+1. a ``short`` solo baseline on the idle server (after an unrecorded warm-up: one turn of each class at once);
 2. the mix, session classes assigned round-robin by index:
    * ``long``    — each turn a ~300-word user text item (the heavy user of issues #12 and #26);
    * ``short``   — each turn a short question (the bystander whose first audio must stay near its solo value);
@@ -308,7 +308,12 @@ async def run_engine(args: Any, engine: str) -> dict[str, Any]:
     sampler = asyncio.create_task(_sample_rss(pid, rss))
     try:
         stats, warm, solo = Stats(), Stats(), Stats()
-        await _session(url, 99, "short", 1, warm, args.turn_timeout, float("inf"))  # unrecorded warm-up
+        # unrecorded warm-up: one turn of every class at once, so the buffers the run's shapes need once (Piper's
+        # and the engine's arenas for a long answer, a thread's malloc arena) are in place before RSS is judged;
+        # without it the first mix added 30-50 MB to the Python server that a second mix on the same server
+        # never added again (+2 MB)
+        await asyncio.gather(*(_session(url, 90 + i, cls, 1, warm, args.turn_timeout, float("inf"))
+                               for i, cls in enumerate(CLASSES)))
         await _session(url, 98, "short", 3, solo, args.turn_timeout, float("inf"))
         await asyncio.sleep(1.0)
         start = _proc(pid)

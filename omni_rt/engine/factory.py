@@ -13,7 +13,7 @@ from omni_rt.core.scheduler import ThreadedScheduler
 
 log = logging.getLogger(__name__)
 _LLAMA_KEYS = ("cache_ram_mib", "read_timeout_s", "batch_tokens", "unified_kv", "prefill_piece_tokens",
-               "cache_reuse_tokens")  # llama.cpp-only stage args
+               "cache_reuse_tokens", "short_priority_tokens")  # llama.cpp-only stage args
 
 
 def _try_tokenizer(source: str | None):

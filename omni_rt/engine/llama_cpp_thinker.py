@@ -85,7 +85,7 @@ class LlamaCppThinker(RemoteThinker):
     broken by a crash fails with an error that says so (the supervisor restarts the server)."""
 
     def __init__(self, server: LlamaServer, history_tokens: int | None = None, heavy_prefill_tokens: int = 64,
-                 prefill_piece_tokens: int | None = None, **kwargs: Any) -> None:
+                 prefill_piece_tokens: int | None = None, short_priority_tokens: int = 1, **kwargs: Any) -> None:
         super().__init__(server.base_url + "/v1", **kwargs)
         self.server = server
         self.history_tokens = history_tokens
@@ -94,6 +94,10 @@ class LlamaCppThinker(RemoteThinker):
         self.heavy_prefill_tokens = heavy_prefill_tokens
         # a heavy prompt's new tokens go in pieces of one batch (omni_rt.engine.prefill_pieces); 0: off
         self.prefill_piece_tokens = (server.batch_tokens or 0) if prefill_piece_tokens is None else prefill_piece_tokens
+        # a short request holds heavy pieces back until it has this many tokens (prefill_pieces.ShortPrefills)
+        if short_priority_tokens < 1:
+            raise ValueError(f"short_priority_tokens must be >= 1, got {short_priority_tokens}")
+        self.short_priority_tokens = short_priority_tokens
         self.shorts = ShortPrefills()
         self.logit_bias = language_logit_bias(self.tokenizer, self.languages)
 
@@ -201,7 +205,7 @@ class LlamaCppThinker(RemoteThinker):
         framed = bool(req.tools) and forces_call(req.tool_choice) and own_prompt
         taken = self._take_slot(request_id, req)
         slot, heavy = self._slot_of.get(request_id, (None, False))
-        short = slot is not None and not heavy  # holds back heavy pieces until its first token
+        short = slot is not None and not heavy  # holds back heavy pieces until its first tokens
         if short:
             self.shorts.enter()
         try:
@@ -212,8 +216,10 @@ class LlamaCppThinker(RemoteThinker):
                                         shorts=self.shorts)
             if framed:  # the call's opening was part of the prompt: the parser sees the whole block
                 yield Delta(text=TOOL_OPEN)
+            tokens = 0
             async for d in super().generate(request_id, req):
-                if short:
+                tokens += bool(d.text or d.token_ids)
+                if short and (tokens >= self.short_priority_tokens or d.finish_reason):
                     short = False
                     self.shorts.leave()
                 yield d
