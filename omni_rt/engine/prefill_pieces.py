@@ -27,7 +27,9 @@ WAIT_CAP_S = 0.5  # at most this long per piece behind short prefills: a heavy p
 
 
 class ShortPrefills:
-    """The short (not heavy) requests that hold a slot and have not produced their first token yet.
+    """The short (not heavy) requests that hold a slot and have not produced their first words yet (the
+    thinker's ``short_priority_tokens``: its first token, then the next ones of its first clause, would
+    otherwise share each forward with a heavy piece again).
 
     Lives in the scheduler's event loop; ``enter``/``leave`` are called from its generate coroutines."""
 
