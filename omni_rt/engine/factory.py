@@ -12,8 +12,10 @@ from typing import Any, Literal
 from omni_rt.core.scheduler import ThreadedScheduler
 
 log = logging.getLogger(__name__)
+# llama.cpp-only stage args: a preset names them beside the args every backend shares, so the same stage can
+# fall back to (or be switched to) another backend; only the llama.cpp branch ever receives them
 _LLAMA_KEYS = ("cache_ram_mib", "read_timeout_s", "batch_tokens", "unified_kv", "prefill_piece_tokens",
-               "cache_reuse_tokens", "short_priority_tokens")  # llama.cpp-only stage args
+               "cache_reuse_tokens", "short_priority_tokens", "extra_args", "llama_cpp_root")
 
 
 def _try_tokenizer(source: str | None):
@@ -78,10 +80,12 @@ def create_ar_scheduler(
     if random_init and backend != "torch":
         raise ValueError(f"stage '{name}' field 'random_init': only the torch backend builds random weights, not {backend!r}")
     quality = dict(sampling=sampling, answer_policy=answer_policy, languages=languages)
+    llama_args = {k: backend_kwargs.pop(k) for k in _LLAMA_KEYS if k in backend_kwargs}
     if backend in ("llama.cpp", "llama_cpp", "llamacpp"):
         from omni_rt.engine import llama_cpp
 
-        root = backend_kwargs.pop("llama_cpp_root", None)  # the binary cache (tests point it at an empty dir)
+        root = llama_args.pop("llama_cpp_root", None)  # the binary cache (tests point it at an empty dir)
+        extra_args = tuple(llama_args.pop("extra_args", ()))
         binary = llama_cpp.locate_binary(root)
         if binary is not None:
             from omni_rt.engine.llama_cpp_thinker import create_llama_cpp_thinker
@@ -99,8 +103,8 @@ def create_ar_scheduler(
                 default_max_tokens=default_max_tokens,
                 history_tokens=history_tokens,
                 **quality,
-                **{k: v for k, v in backend_kwargs.items() if k in _LLAMA_KEYS},
-                extra_args=(*backend_kwargs.get("extra_args", ()), *(() if prefix_reuse else ("--no-cache-prompt",))),
+                **llama_args,
+                extra_args=(*extra_args, *(() if prefix_reuse else ("--no-cache-prompt",))),
             )
         log.warning(
             "llama.cpp thinker unavailable (%s; expected %s): falling back to the PyTorch thinker. "
@@ -109,7 +113,8 @@ def create_ar_scheduler(
             llama_cpp.build_dir(root) / llama_cpp.BINARY_NAME,
         )
         backend = "torch"
-        backend_kwargs = {k: v for k, v in backend_kwargs.items() if k not in (*_LLAMA_KEYS, "extra_args")}
+    elif llama_args:
+        log.info("stage '%s': llama.cpp-only args %s unused by backend %r", name, sorted(llama_args), backend)
     if backend == "torch":
         if cpu_threads is not None and device == "cpu":
             import torch
