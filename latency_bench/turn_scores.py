@@ -59,7 +59,7 @@ def _pauses(sp: Spoken, vad_model: Any) -> Iterable[tuple[np.ndarray, float, flo
     from omni_rt.backends.vad import StreamingVAD
 
     vad = StreamingVAD(vad_model, threshold=tdm.SEMANTIC_THRESHOLD, prefix_padding_ms=tdm.SEMANTIC_PREFIX_PADDING_MS,
-                       silence_duration_ms=10 ** 6)
+                       silence_duration_ms=10 ** 6, sound_end_ratio=0.0)  # as the stage: tdm.TurnDetection
     turn_from: int | None = None
     pending: tuple[np.ndarray, float] | None = None
     pos = 0

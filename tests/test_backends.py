@@ -121,6 +121,28 @@ def test_vad_then_asr_on_spoken_question(question_16k, vad_model, asr) -> None:
     assert word_accuracy(QUESTION, text) >= 0.8, text
 
 
+def _stop_after_sound_end_ms(vad_model, speech: np.ndarray, **vad_args) -> float:
+    """speech_stopped's audio_end_ms minus where the sound ended (the last 10 ms with RMS > 5% of the loudest)."""
+    from omni_rt.backends.vad import StreamingVAD
+
+    n = len(speech) // 160
+    rms = np.sqrt((speech[: n * 160].reshape(n, 160).astype(np.float64) ** 2).mean(axis=1))
+    sound_end_ms = 500 + 10 * (int(np.nonzero(rms > 0.05 * rms.max())[0][-1]) + 1)
+    stream = np.concatenate([np.zeros(8000, np.float32), speech, np.zeros(16000, np.float32)])
+    vad = StreamingVAD(vad_model, silence_duration_ms=500, **vad_args)
+    stops = [e for i in range(0, len(stream), 320) for e in vad.feed(stream[i : i + 320]) if e.kind == "speech_stopped"]
+    assert len(stops) == 1, stops
+    return stops[0].audio_ms - sound_end_ms
+
+
+def test_vad_counts_the_silence_from_where_the_sound_ended(question_16k, vad_model) -> None:
+    """Silero keeps p >= 0.5 for a few frames after the last audible sample; the 500 ms are the speaker's."""
+    now = _stop_after_sound_end_ms(vad_model, question_16k)
+    before = _stop_after_sound_end_ms(vad_model, question_16k, sound_end_ratio=0.0)  # from Silero's last speech frame
+    assert 490 <= now <= 500 + 32 + 10, now  # one 32 ms frame of granularity, one 10 ms window
+    assert now < before, (now, before)
+
+
 def test_vad_ignores_silence_and_resets(vad_model) -> None:
     from omni_rt.backends.vad import StreamingVAD
 

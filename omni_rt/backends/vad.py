@@ -17,6 +17,15 @@ import numpy as np
 from omni_rt.backends.onnx import cpu_session, packaged_file
 
 _STATE_SHAPE = (2, 1, 128)
+# Where the sound ended, not where Silero let go: its recurrent state keeps p >= threshold for a few frames
+# after the last audible sample (30 Piper utterances: 60-270 ms, p50 ~90 ms), so a silence counted from the last
+# speech frame is that much longer than the one the speaker left. When a silence run starts, the end of speech
+# moves back to the last 8 ms window of the trailing speech frames louder than ENERGY_END_RATIO of the turn's
+# loudest window (-26 dB: soft final consonants stay inside), at most ENERGY_END_FRAMES frames back and never
+# before the run of frames Silero called speech; where the tail never gets that quiet (noise) nothing moves.
+ENERGY_END_RATIO = 0.05
+ENERGY_END_FRAMES = 8
+ENERGY_WINDOW_MS = 8
 
 
 def silero_onnx_path(name: str = "silero_vad.onnx") -> Path:
@@ -82,7 +91,8 @@ class StreamingVAD:
     Speech starts on the first frame with prob >= threshold. While in speech, a frame with
     prob < threshold - 0.15 (silero's own release hysteresis, floored at 0.01) counts as silence, a frame
     with prob >= threshold ends any silence run, and frames in between continue whatever run they are in.
-    Speech stops once the silence run reaches `silence_duration_ms`. Not thread-safe: one owner thread.
+    Speech stops once the silence run reaches `silence_duration_ms`, counted from where the sound of the
+    last speech frames ended (``ENERGY_END_RATIO``). Not thread-safe: one owner thread.
     """
 
     def __init__(
@@ -92,9 +102,13 @@ class StreamingVAD:
         prefix_padding_ms: int = 300,
         silence_duration_ms: int = 500,
         sample_rate: int = 16000,
+        sound_end_ratio: float = ENERGY_END_RATIO,
     ) -> None:
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be in (0, 1), got {threshold}")
+        if not 0.0 <= sound_end_ratio < 1.0:
+            raise ValueError(f"sound_end_ratio must be in [0, 1) (0: count from Silero's last speech frame), got {sound_end_ratio}")
+        self.sound_end_ratio = float(sound_end_ratio)
         self.model = model
         self.sample_rate = sample_rate
         self.frame = SileroVadModel.frame_size(sample_rate)
@@ -125,6 +139,25 @@ class StreamingVAD:
         self.last_prob = 0.0
         self._last_speech_end = self.samples_seen  # sample index of the end of the last speech frame
         self._silence_run = False
+        self._tail = np.zeros(0, dtype=np.float32)  # the last ENERGY_END_FRAMES frames, ending at samples_seen
+        self._peak_rms = 0.0  # the loudest ENERGY_WINDOW_MS window of this turn's speech
+        self._run_start = self.samples_seen  # where the current run of speech frames began
+
+    def _window_rms(self, audio: np.ndarray) -> np.ndarray:
+        w = self.sample_rate * ENERGY_WINDOW_MS // 1000
+        n = audio.size // w
+        return np.sqrt(np.mean(np.square(audio[audio.size - n * w :].reshape(n, w), dtype=np.float64), axis=1))
+
+    def _sound_end(self) -> int:
+        """Sample index where the trailing speech frames' sound fell under ``sound_end_ratio`` of the turn's peak
+        (the tail ends at ``_last_speech_end``); ``_last_speech_end`` itself when it never did."""
+        w = self.sample_rate * ENERGY_WINDOW_MS // 1000
+        rms = self._window_rms(self._tail)
+        if rms.size == 0 or self._peak_rms <= 0.0 or rms[-1] >= self.sound_end_ratio * self._peak_rms:
+            return self._last_speech_end
+        loud = np.nonzero(rms >= self.sound_end_ratio * self._peak_rms)[0]
+        quiet_windows = rms.size - (int(loud[-1]) + 1 if loud.size else 0)
+        return max(self._last_speech_end - quiet_windows * w, self._run_start)
 
     def _ms(self, samples: int) -> int:
         return int(samples * 1000 // self.sample_rate)
@@ -165,13 +198,14 @@ class StreamingVAD:
             self._context = frame[-self._ctx_len :].copy()
             start = self.samples_seen
             self.samples_seen += self.frame
-            ev = self._step(float(probs[0]), start)
+            ev = self._step(float(probs[0]), start, frame)
+            self._tail = np.concatenate([self._tail, frame])[-ENERGY_END_FRAMES * self.frame :]
             if ev is not None:
                 events.append(ev)
         self._pending = buf[n_frames * self.frame :].copy()
         return events
 
-    def _step(self, prob: float, frame_start: int) -> VadEvent | None:
+    def _step(self, prob: float, frame_start: int, frame: np.ndarray) -> VadEvent | None:
         self.last_prob = prob
         frame_end = frame_start + self.frame
         if not self.in_speech:
@@ -179,15 +213,21 @@ class StreamingVAD:
                 self.in_speech = True
                 self._silence_run = False
                 self._last_speech_end = frame_end
+                self._run_start = frame_start
+                self._peak_rms = float(self._window_rms(frame).max(initial=0.0))
                 onset = self._ms(frame_start)
                 return VadEvent("speech_started", max(0, onset - self.prefix_padding_ms), onset)
             return None
         if prob >= self.threshold:
+            if self._silence_run:
+                self._run_start = frame_start
             self._silence_run = False
-        elif prob < self.release_threshold:
+        elif prob < self.release_threshold and not self._silence_run:
             self._silence_run = True
+            self._last_speech_end = self._sound_end()  # the tail is the speech frames up to this one
         if not self._silence_run:
             self._last_speech_end = frame_end
+            self._peak_rms = max(self._peak_rms, float(self._window_rms(frame).max(initial=0.0)))
             return None
         if self.silence_ms >= self.silence_duration_ms:
             self.in_speech = False

@@ -305,6 +305,11 @@ class TurnDetection:
 
     ``enabled=False`` means the client commits turns itself. Under ``semantic_vad`` the VAD's
     ``silence_duration_ms`` is the eagerness' max silence, so a turn the model calls incomplete still ends.
+    ``silence_from_sound_end``: a pause counts from where the sound ended, not from Silero's last speech frame
+    (``omni_rt.backends.vad.ENERGY_END_RATIO``). Off under ``semantic_vad``: every silence of its rule above was
+    measured from Silero's frames, and counting from the sound instead made the labelled set's inner comma pauses
+    outlast the 200 ms sure silence (auto: complete utterances cut mid-way 4/72 instead of 1/72, hesitations
+    2/60 instead of 1/60; ``latency_bench.turn_scores``, 2026-12-03).
     """
 
     enabled: bool = True
@@ -313,6 +318,7 @@ class TurnDetection:
     silence_duration_ms: int = 500
     semantic: Eagerness | None = None
     idle_timeout_ms: int | None = None
+    silence_from_sound_end: bool = True
 
     @classmethod
     def from_config(cls, cfg: TurnDetectionConfig | None) -> "TurnDetection":
@@ -321,7 +327,7 @@ class TurnDetection:
         if cfg.semantic:
             eager = EAGERNESS_SETTINGS[cfg.eagerness]
             return cls(threshold=SEMANTIC_THRESHOLD, prefix_padding_ms=SEMANTIC_PREFIX_PADDING_MS,
-                       silence_duration_ms=eager.max_silence_ms, semantic=eager)
+                       silence_duration_ms=eager.max_silence_ms, semantic=eager, silence_from_sound_end=False)
         return cls(threshold=float(cfg.threshold), prefix_padding_ms=cfg.prefix_padding_ms,
                    silence_duration_ms=cfg.silence_duration_ms, idle_timeout_ms=cfg.idle_timeout_ms)
 

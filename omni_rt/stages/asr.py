@@ -120,11 +120,13 @@ class AsrWorker(SessionScheduler):
         semantic_announce_lead_ms: int = 700,
         max_queued_decodes: int = 16,
         max_batch: int = 1,
+        vad_sound_end_ratio: float | None = None,
         **limits: Any,
     ) -> None:
         super().__init__(name="asr", **limits)
         self.transcriber = transcriber
         self.vad_model = vad_model
+        self.vad_sound_end_ratio = vad_sound_end_ratio  # None: StreamingVAD's default (omni_rt.backends.vad)
         self.semantic_announce_lead_ms = semantic_announce_lead_ms
         self.speculative_after_ms = speculative_after_ms
         self.speculative_alone_after_ms = speculative_after_ms if speculative_alone_after_ms is None else speculative_alone_after_ms
@@ -197,6 +199,8 @@ class AsrWorker(SessionScheduler):
             prefix_padding_ms=td.prefix_padding_ms,
             silence_duration_ms=td.silence_duration_ms,
             sample_rate=SAMPLE_RATE,
+            **({"sound_end_ratio": 0.0} if not td.silence_from_sound_end
+               else {} if self.vad_sound_end_ratio is None else {"sound_end_ratio": self.vad_sound_end_ratio}),
         )
 
     def _state(self, s: Session) -> AsrState:
@@ -494,11 +498,14 @@ def create_asr_stage(
     max_batch: int | None = None,
     random_init: bool = False,
     random_size: str = "full",
+    vad_sound_end_ratio: float | None = None,
 ) -> AsrWorker:
     """Factory for the pipeline config: the preset names the backend and model.
 
     ``max_batch``: sessions decoded together (one ``transcribe_batch``); default 8 on a GPU, where more rows
     cost little next to the encoder's fixed 30 s window, and CPU_MAX_BATCH on CPU (see there).
+    ``vad_sound_end_ratio``: where a turn's silence starts counting (``omni_rt.backends.vad.ENERGY_END_RATIO``;
+    0 = at Silero's last speech frame, the ablation).
     ``random_init`` (transformers backend): random weights of ``model``'s real shape
     (``omni_rt.engine.random_init``; ``random_size="tiny"`` for CPU), so the preset runs with no hub weights.
     """
@@ -540,6 +547,7 @@ def create_asr_stage(
         max_sessions=max_sessions,
         max_buffered_bytes=max_buffered_bytes,
         idle_timeout_s=idle_timeout_s,
+        vad_sound_end_ratio=vad_sound_end_ratio,
     )
     try:
         scheduler.turn_model()  # load Smart Turn at start-up, not on the first semantic_vad session.update
