@@ -54,18 +54,27 @@ class PauseScore:
         return eager.end_silence_ms(self.audio_prob, cue, self.second_prob if looked else None)
 
 
-def _pauses(sp: Spoken, vad_model: Any) -> Iterable[tuple[np.ndarray, float, float]]:
-    """(turn audio at the score point, stream ms there, silence ms before speech resumed) per pause."""
+def _pauses(sp: Spoken, vad_model: Any, score_from_sound_end: bool = True) -> Iterable[tuple[np.ndarray, float, float, int]]:
+    """(turn audio at the score point, stream ms there, silence ms before speech resumed, the sample where the
+    silence reached SECOND_LOOK_MS or -1) per pause. As the stage (``tdm.TurnDetection``): the score point is
+    SCORE_AFTER_MS after the sound ended, the pause's length (what the verdict's silences are held against) and
+    the second look count from Silero's frames; ``score_from_sound_end=False``: the score point from Silero's
+    frames too (the rule before 2026-12-03)."""
     from omni_rt.backends.vad import StreamingVAD
 
     vad = StreamingVAD(vad_model, threshold=tdm.SEMANTIC_THRESHOLD, prefix_padding_ms=tdm.SEMANTIC_PREFIX_PADDING_MS,
-                       silence_duration_ms=10 ** 6, sound_end_ratio=0.0)  # as the stage: tdm.TurnDetection
+                       silence_duration_ms=10 ** 6, silence_from_sound_end=False)
+
+    def clock() -> float:
+        return vad.sound_silence_ms if score_from_sound_end else vad.silence_ms
+
     turn_from: int | None = None
     pending: tuple[np.ndarray, float] | None = None
+    look_at = -1
     pos = 0
     while pos < sp.audio.size:
         chunk = sp.audio[pos : pos + CHUNK]
-        silent_before = vad.silence_ms
+        silent_before, clock_before = vad.silence_ms, clock()
         for ev in vad.feed(chunk):
             if ev.kind == "speech_started" and turn_from is None:
                 turn_from = int(ev.audio_ms * SR / 1000)
@@ -73,25 +82,27 @@ def _pauses(sp: Spoken, vad_model: Any) -> Iterable[tuple[np.ndarray, float, flo
         if not vad.in_speech:
             continue
         if vad.silence_ms < silent_before and pending is not None:  # speech resumed after a scored pause
-            yield pending[0], pending[1], silent_before
-            pending = None
-        if pending is None and vad.silence_ms >= tdm.SCORE_AFTER_MS and silent_before < tdm.SCORE_AFTER_MS:
+            yield pending[0], pending[1], silent_before, look_at
+            pending, look_at = None, -1
+        if pending is None and clock() >= tdm.SCORE_AFTER_MS and clock_before < tdm.SCORE_AFTER_MS:
             pending = (sp.audio[turn_from or 0 : pos].copy(), 1000 * pos / SR)
+        if pending is not None and look_at < 0 and vad.silence_ms >= tdm.SECOND_LOOK_MS:
+            look_at = pos
     if pending is not None:
-        yield pending[0], pending[1], vad.silence_ms
+        yield pending[0], pending[1], vad.silence_ms, look_at
 
 
-def score_set(spoken: Iterable[Spoken], vad_model: Any, turn_model: Any, transcriber: Any) -> list[PauseScore]:
+def score_set(spoken: Iterable[Spoken], vad_model: Any, turn_model: Any, transcriber: Any,
+              score_from_sound_end: bool = True) -> list[PauseScore]:
     out: list[PauseScore] = []
-    later = (tdm.SECOND_LOOK_MS - tdm.SCORE_AFTER_MS) * SR // 1000
     for sp in spoken:
-        for audio, at_ms, lasts in _pauses(sp, vad_model):
+        for audio, at_ms, lasts, look_at in _pauses(sp, vad_model, score_from_sound_end):
             t0 = time.perf_counter()
             prob = float(turn_model.predict(audio[-8 * SR :]))
             second = None
-            if lasts >= tdm.SECOND_LOOK_MS:  # the turn as the stage holds it at the second look
-                end = int(at_ms * SR / 1000) + later
-                second = float(turn_model.predict(sp.audio[max(end - audio.size - later, end - 8 * SR) : end]))
+            if lasts >= tdm.SECOND_LOOK_MS and look_at > 0:  # the turn as the stage holds it at the second look
+                start = int(at_ms * SR / 1000) - audio.size  # where the turn audio starts
+                second = float(turn_model.predict(sp.audio[max(start, look_at - 8 * SR) : look_at]))
             t1 = time.perf_counter()
             if hasattr(transcriber, "transcribe_batch_scored"):  # what the stage's speculative decode runs
                 text, last_word_prob = transcriber.transcribe_batch_scored([audio])[0]
@@ -195,13 +206,14 @@ def load_scorers() -> tuple[Any, Any, Any]:
 
 
 def main() -> None:
-    """``python -m latency_bench.turn_scores [--held-out] [--room-noise] [--thinker]``: score the set and print the rates the
+    """``python -m latency_bench.turn_scores [--held-out] [--room-noise] [--thinker] [--score-from-silero]``: score the set and print the rates the
     eagerness table rests on, for four rules: Smart Turn alone, with the words (text only: the rule before
     Whisper's last-word probability), with the words and that probability, and with the second look too (what
     the stage runs).
     ``--held-out``: the items written after the rule was fitted (``turn_set.HELD_OUT``) instead of the set;
     ``--room-noise``: with light white noise under the audio (``turn_set.with_room_noise``), silences included;
-    ``--thinker``: also the thinker's end-of-turn probability on the same transcripts."""
+    ``--thinker``: also the thinker's end-of-turn probability on the same transcripts;
+    ``--score-from-silero``: the score point counted from Silero's frames (the rule before 2026-12-03)."""
     import json
     import sys
 
@@ -209,7 +221,8 @@ def main() -> None:
 
     t0 = time.perf_counter()
     spoken = spoken_set(held_out="--held-out" in sys.argv)
-    scores = score_set(with_room_noise(spoken) if "--room-noise" in sys.argv else spoken, *load_scorers())
+    scores = score_set(with_room_noise(spoken) if "--room-noise" in sys.argv else spoken, *load_scorers(),
+                       score_from_sound_end="--score-from-silero" not in sys.argv)
     print(f"{len(scores)} pauses scored in {time.perf_counter() - t0:.0f} s")
     print(json.dumps(distributions(scores), indent=1))
     for eagerness in ("low", "medium", "high"):

@@ -139,8 +139,12 @@ def test_vad_counts_the_silence_from_where_the_sound_ended(question_16k, vad_mod
     """Silero keeps p >= 0.5 for a few frames after the last audible sample; the 500 ms are the speaker's."""
     now = _stop_after_sound_end_ms(vad_model, question_16k)
     before = _stop_after_sound_end_ms(vad_model, question_16k, sound_end_ratio=0.0)  # from Silero's last speech frame
-    assert 490 <= now <= 500 + 32 + 10, now  # one 32 ms frame of granularity, one 10 ms window
-    assert now < before, (now, before)
+    # Piper's random prosody: over 30 syntheses now 490-680 ms (a faint final fricative at ~5% of the peak can
+    # stay inside the speech), before 608-808, the gain 96-256 ms
+    assert 480 <= now <= 720, now
+    assert before - now >= 64, (now, before)
+    # semantic_vad's verdict counts from Silero's frames (its sound clock, sound_silence_ms, only times the score)
+    assert _stop_after_sound_end_ms(vad_model, question_16k, silence_from_sound_end=False) == before
 
 
 def test_vad_ignores_silence_and_resets(vad_model) -> None:

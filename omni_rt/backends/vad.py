@@ -103,12 +103,15 @@ class StreamingVAD:
         silence_duration_ms: int = 500,
         sample_rate: int = 16000,
         sound_end_ratio: float = ENERGY_END_RATIO,
+        silence_from_sound_end: bool = True,
     ) -> None:
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be in (0, 1), got {threshold}")
         if not 0.0 <= sound_end_ratio < 1.0:
             raise ValueError(f"sound_end_ratio must be in [0, 1) (0: count from Silero's last speech frame), got {sound_end_ratio}")
         self.sound_end_ratio = float(sound_end_ratio)
+        # what `silence_ms` (and the stop) counts from; `sound_silence_ms` always counts from the sound's end
+        self.silence_from_sound_end = bool(silence_from_sound_end)
         self.model = model
         self.sample_rate = sample_rate
         self.frame = SileroVadModel.frame_size(sample_rate)
@@ -138,6 +141,7 @@ class StreamingVAD:
         self.in_speech = False
         self.last_prob = 0.0
         self._last_speech_end = self.samples_seen  # sample index of the end of the last speech frame
+        self._sound_end_at = self.samples_seen  # ... and where its sound ended (``_sound_end``)
         self._silence_run = False
         self._tail = np.zeros(0, dtype=np.float32)  # the last ENERGY_END_FRAMES frames, ending at samples_seen
         self._peak_rms = 0.0  # the loudest ENERGY_WINDOW_MS window of this turn's speech
@@ -159,6 +163,9 @@ class StreamingVAD:
         quiet_windows = rms.size - (int(loud[-1]) + 1 if loud.size else 0)
         return max(self._last_speech_end - quiet_windows * w, self._run_start)
 
+    def _speech_end(self) -> int:
+        return self._sound_end_at if self.silence_from_sound_end else self._last_speech_end
+
     def _ms(self, samples: int) -> int:
         return int(samples * 1000 // self.sample_rate)
 
@@ -169,10 +176,19 @@ class StreamingVAD:
 
     @property
     def silence_ms(self) -> float:
-        """Trailing silence after the last speech frame while in speech (0 when not in speech)."""
+        """Trailing silence while in speech (0 when not in speech), from where the sound ended or, with
+        ``silence_from_sound_end=False``, from the last speech frame."""
+        return self._silence_since(self._sound_end_at if self.silence_from_sound_end else self._last_speech_end)
+
+    @property
+    def sound_silence_ms(self) -> float:
+        """Trailing silence from where the sound ended, whatever ``silence_ms`` counts from."""
+        return self._silence_since(self._sound_end_at)
+
+    def _silence_since(self, end: int) -> float:
         if not self.in_speech:
             return 0.0
-        return (self.samples_seen - self._last_speech_end) * 1000.0 / self.sample_rate
+        return (self.samples_seen - end) * 1000.0 / self.sample_rate
 
     def force_stop(self) -> VadEvent:
         """End the current speech now (a turn model decided the turn is over), keeping the model's state.
@@ -180,7 +196,7 @@ class StreamingVAD:
         Unlike ``reset`` the recurrent state and context survive: the audio keeps flowing and the next
         speech start is found as usual. ``audio_ms`` is the stream clock now (the silence so far included).
         """
-        ev = VadEvent("speech_stopped", self._ms(self.samples_seen), self._ms(self._last_speech_end))
+        ev = VadEvent("speech_stopped", self._ms(self.samples_seen), self._ms(self._speech_end()))
         self.in_speech = False
         self._silence_run = False
         return ev
@@ -212,7 +228,7 @@ class StreamingVAD:
             if prob >= self.threshold:
                 self.in_speech = True
                 self._silence_run = False
-                self._last_speech_end = frame_end
+                self._last_speech_end = self._sound_end_at = frame_end
                 self._run_start = frame_start
                 self._peak_rms = float(self._window_rms(frame).max(initial=0.0))
                 onset = self._ms(frame_start)
@@ -224,13 +240,13 @@ class StreamingVAD:
             self._silence_run = False
         elif prob < self.release_threshold and not self._silence_run:
             self._silence_run = True
-            self._last_speech_end = self._sound_end()  # the tail is the speech frames up to this one
+            self._sound_end_at = self._sound_end()  # the tail is the speech frames up to this one
         if not self._silence_run:
-            self._last_speech_end = frame_end
+            self._last_speech_end = self._sound_end_at = frame_end
             self._peak_rms = max(self._peak_rms, float(self._window_rms(frame).max(initial=0.0)))
             return None
         if self.silence_ms >= self.silence_duration_ms:
             self.in_speech = False
             self._silence_run = False
-            return VadEvent("speech_stopped", self._ms(frame_end), self._ms(self._last_speech_end))
+            return VadEvent("speech_stopped", self._ms(frame_end), self._ms(self._speech_end()))
         return None

@@ -109,7 +109,7 @@ utterances in 3 Piper voices, 229 pauses; ``python -m latency_bench.turn_scores`
   + 2 at 300 ms (text: 58); held-out with noise: 1 of 24 cut (text: 4), 21 of 23 at 200 ms (21).
 
 The audio is scored at ``SCORE_AFTER_MS`` = 120 ms of silence (about four 32 ms Silero frames: shorter gaps are
-the stops inside words); with Smart Turn's ~30 ms and Whisper's ~100 ms (idle, 2 cores) the verdict is in by
+the stops inside words; counted from the sound's end, ``TurnDetection.silence_from_sound_end``); with Smart Turn's ~30 ms and Whisper's ~100 ms (idle, 2 cores) the verdict is in by
 ~230 ms of silence, so the "sure" end comes at max(200 ms, the verdict).
 """
 
@@ -306,10 +306,15 @@ class TurnDetection:
     ``enabled=False`` means the client commits turns itself. Under ``semantic_vad`` the VAD's
     ``silence_duration_ms`` is the eagerness' max silence, so a turn the model calls incomplete still ends.
     ``silence_from_sound_end``: a pause counts from where the sound ended, not from Silero's last speech frame
-    (``omni_rt.backends.vad.ENERGY_END_RATIO``). Off under ``semantic_vad``: every silence of its rule above was
-    measured from Silero's frames, and counting from the sound instead made the labelled set's inner comma pauses
-    outlast the 200 ms sure silence (auto: complete utterances cut mid-way 4/72 instead of 1/72, hesitations
-    2/60 instead of 1/60; ``latency_bench.turn_scores``, 2026-12-03).
+    (``omni_rt.backends.vad.ENERGY_END_RATIO``). Off under ``semantic_vad`` for the verdict's silences: every one
+    of them was measured from Silero's frames, and counting them from the sound instead made the labelled set's
+    inner comma pauses outlast the 200 ms sure silence (auto: complete utterances cut mid-way 4/72 instead of
+    1/72, hesitations 2/60 instead of 1/60; ``latency_bench.turn_scores``, 2026-12-03). Its score point
+    (``SCORE_AFTER_MS``: Smart Turn and the speculative decode) does count from the sound's end, ~90 ms sooner,
+    so the transcript the held answer starts from comes that much sooner (live semantic V2V p50 908 -> 756 ms,
+    README "Turn taking"). Auto, before -> after (``latency_bench.turn_scores``; ``--score-from-silero`` gives
+    before): hesitations cut 1/60 -> 0/60 (held out 2/24 -> 1/24, room noise 3/60 -> 2/60), complete cut mid-way
+    1/72 -> 1/72, endings at the sure silence 72/130 + 17 at the second look -> 68/131 + 20.
     """
 
     enabled: bool = True

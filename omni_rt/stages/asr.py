@@ -199,8 +199,8 @@ class AsrWorker(SessionScheduler):
             prefix_padding_ms=td.prefix_padding_ms,
             silence_duration_ms=td.silence_duration_ms,
             sample_rate=SAMPLE_RATE,
-            **({"sound_end_ratio": 0.0} if not td.silence_from_sound_end
-               else {} if self.vad_sound_end_ratio is None else {"sound_end_ratio": self.vad_sound_end_ratio}),
+            silence_from_sound_end=td.silence_from_sound_end,
+            **({} if self.vad_sound_end_ratio is None else {"sound_end_ratio": self.vad_sound_end_ratio}),
         )
 
     def _state(self, s: Session) -> AsrState:
@@ -313,11 +313,12 @@ class AsrWorker(SessionScheduler):
 
     def _maybe_decode_early(self, session: Session, st: AsrState) -> None:
         sid = session.session_id
-        if st.td.semantic is not None:
-            pause_ms = SCORE_AFTER_MS
+        if st.td.semantic is not None:  # the score point counts from the sound's end (TurnDetection)
+            pause_ms, silence = SCORE_AFTER_MS, st.seg.vad.sound_silence_ms
         else:
             pause_ms = self.speculative_alone_after_ms if len(self.sessions) == 1 else self.speculative_after_ms
-        if st.seg.vad.silence_ms >= pause_ms:
+            silence = st.seg.vad.silence_ms
+        if silence >= pause_ms:
             # semantic_vad: Whisper starts at the pause the turn model scores, side by side with it: gated on
             # the verdict, the decode added the whole score (110 ms idle, ~500 ms on a loaded machine) to the
             # transcript's time (measured with latency_bench --turn-detection); the answer stays gated on it
@@ -350,7 +351,8 @@ class AsrWorker(SessionScheduler):
         if sem is None:
             return True
         # a decode (and the held answer) starts this long before the turn would end on the current verdict
-        return st.seg.vad.silence_ms >= max(SCORE_AFTER_MS, st.verdict.end_silence_ms(sem) - self.semantic_announce_lead_ms)
+        return (st.seg.vad.sound_silence_ms >= SCORE_AFTER_MS
+                and st.seg.vad.silence_ms >= st.verdict.end_silence_ms(sem) - self.semantic_announce_lead_ms)
 
     def _announce(self, sid: str, st: AsrState, text: str, asr_ms: float) -> None:
         """Let the session start the held answer from the speculative transcript."""
@@ -362,8 +364,8 @@ class AsrWorker(SessionScheduler):
         silence has passed."""
         sem, v = st.td.semantic, st.verdict
         assert sem is not None
-        silence = st.seg.vad.silence_ms
-        if silence < SCORE_AFTER_MS:
+        silence = st.seg.vad.silence_ms  # the verdict's silences: from Silero's frames (TurnDetection)
+        if st.seg.vad.sound_silence_ms < SCORE_AFTER_MS:
             if v.prob is not None or v.pending or v.words is not None:  # speech resumed: that verdict was another pause's
                 v.new_pause()
             return
