@@ -147,6 +147,24 @@ def test_vad_counts_the_silence_from_where_the_sound_ended(question_16k, vad_mod
     assert _stop_after_sound_end_ms(vad_model, question_16k, silence_from_sound_end=False) == before
 
 
+def test_vad_under_noise_louder_than_the_sound_end_level_counts_as_silero_does(question_16k, vad_model) -> None:
+    """Where the tail never gets quieter than ENERGY_END_RATIO of the peak (steady noise), the end stays put."""
+    from omni_rt.backends.vad import ENERGY_END_RATIO, StreamingVAD
+
+    n = len(question_16k) // 128
+    peak = float(np.sqrt((question_16k[: n * 128].reshape(n, 128) ** 2).mean(axis=1)).max())
+    stream = np.concatenate([np.zeros(8000, np.float32), question_16k, np.zeros(16000, np.float32)])
+    stream = stream + np.random.default_rng(0).normal(0.0, 2 * ENERGY_END_RATIO * peak, stream.size).astype(np.float32)
+
+    def events(**kw):
+        vad = StreamingVAD(vad_model, silence_duration_ms=500, **kw)
+        return [(e.kind, e.audio_ms) for i in range(0, len(stream), 320) for e in vad.feed(stream[i : i + 320])]
+
+    got = events()
+    assert [k for k, _ in got] == ["speech_started", "speech_stopped"], got
+    assert got == events(sound_end_ratio=0.0)
+
+
 def test_vad_ignores_silence_and_resets(vad_model) -> None:
     from omni_rt.backends.vad import StreamingVAD
 
