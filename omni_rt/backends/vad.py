@@ -8,6 +8,7 @@ turn state machine. Weights ship inside the `silero-vad` PyPI package; no torch 
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -143,25 +144,30 @@ class StreamingVAD:
         self._last_speech_end = self.samples_seen  # sample index of the end of the last speech frame
         self._sound_end_at = self.samples_seen  # ... and where its sound ended (``_sound_end``)
         self._silence_run = False
-        self._tail = np.zeros(0, dtype=np.float32)  # the last ENERGY_END_FRAMES frames, ending at samples_seen
-        self._peak_rms = 0.0  # the loudest ENERGY_WINDOW_MS window of this turn's speech
-        self._run_start = self.samples_seen  # where the current run of speech frames began
+        # per ENERGY_WINDOW_MS window RMS of the current run of speech frames (its last ENERGY_END_FRAMES), and
+        # the loudest window of this turn's speech: computed once per speech frame, read when a silence starts
+        self._run_rms: deque[np.ndarray] = deque(maxlen=ENERGY_END_FRAMES)
+        self._peak_rms = 0.0
 
-    def _window_rms(self, audio: np.ndarray) -> np.ndarray:
+    def _speech_frame(self, frame: np.ndarray, new_run: bool) -> None:
+        """Record a frame of the current run of speech frames (``new_run``: the first one of a run)."""
         w = self.sample_rate * ENERGY_WINDOW_MS // 1000
-        n = audio.size // w
-        return np.sqrt(np.mean(np.square(audio[audio.size - n * w :].reshape(n, w), dtype=np.float64), axis=1))
+        rms = np.sqrt(np.mean(np.square(frame.reshape(-1, w), dtype=np.float64), axis=1))
+        if new_run:
+            self._run_rms.clear()
+        self._run_rms.append(rms)
+        self._peak_rms = max(self._peak_rms, float(rms.max()))
 
     def _sound_end(self) -> int:
-        """Sample index where the trailing speech frames' sound fell under ``sound_end_ratio`` of the turn's peak
-        (the tail ends at ``_last_speech_end``); ``_last_speech_end`` itself when it never did."""
+        """Sample index where the run of speech frames' sound fell under ``sound_end_ratio`` of the turn's peak
+        (the run ends at ``_last_speech_end``); ``_last_speech_end`` itself when it never did."""
         w = self.sample_rate * ENERGY_WINDOW_MS // 1000
-        rms = self._window_rms(self._tail)
+        rms = np.concatenate(self._run_rms) if self._run_rms else np.zeros(0)
         if rms.size == 0 or self._peak_rms <= 0.0 or rms[-1] >= self.sound_end_ratio * self._peak_rms:
             return self._last_speech_end
         loud = np.nonzero(rms >= self.sound_end_ratio * self._peak_rms)[0]
         quiet_windows = rms.size - (int(loud[-1]) + 1 if loud.size else 0)
-        return max(self._last_speech_end - quiet_windows * w, self._run_start)
+        return self._last_speech_end - quiet_windows * w
 
     def _speech_end(self) -> int:
         return self._sound_end_at if self.silence_from_sound_end else self._last_speech_end
@@ -178,7 +184,7 @@ class StreamingVAD:
     def silence_ms(self) -> float:
         """Trailing silence while in speech (0 when not in speech), from where the sound ended or, with
         ``silence_from_sound_end=False``, from the last speech frame."""
-        return self._silence_since(self._sound_end_at if self.silence_from_sound_end else self._last_speech_end)
+        return self._silence_since(self._speech_end())
 
     @property
     def sound_silence_ms(self) -> float:
@@ -215,7 +221,6 @@ class StreamingVAD:
             start = self.samples_seen
             self.samples_seen += self.frame
             ev = self._step(float(probs[0]), start, frame)
-            self._tail = np.concatenate([self._tail, frame])[-ENERGY_END_FRAMES * self.frame :]
             if ev is not None:
                 events.append(ev)
         self._pending = buf[n_frames * self.frame :].copy()
@@ -229,21 +234,20 @@ class StreamingVAD:
                 self.in_speech = True
                 self._silence_run = False
                 self._last_speech_end = self._sound_end_at = frame_end
-                self._run_start = frame_start
-                self._peak_rms = float(self._window_rms(frame).max(initial=0.0))
+                self._peak_rms = 0.0
+                self._speech_frame(frame, new_run=True)
                 onset = self._ms(frame_start)
                 return VadEvent("speech_started", max(0, onset - self.prefix_padding_ms), onset)
             return None
+        new_run = False
         if prob >= self.threshold:
-            if self._silence_run:
-                self._run_start = frame_start
-            self._silence_run = False
+            new_run, self._silence_run = self._silence_run, False
         elif prob < self.release_threshold and not self._silence_run:
             self._silence_run = True
-            self._sound_end_at = self._sound_end()  # the tail is the speech frames up to this one
+            self._sound_end_at = self._sound_end()  # the run of speech frames ends where this frame starts
         if not self._silence_run:
             self._last_speech_end = self._sound_end_at = frame_end
-            self._peak_rms = max(self._peak_rms, float(self._window_rms(frame).max(initial=0.0)))
+            self._speech_frame(frame, new_run)
             return None
         if self.silence_ms >= self.silence_duration_ms:
             self.in_speech = False
