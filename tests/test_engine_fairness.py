@@ -203,11 +203,12 @@ def test_kv_buffer_returns_when_slots_free(tiny_chat):
         sched.stop()
 
 
-@pytest.mark.parametrize("static_kv", [False, True])
-def test_chunked_interleaved_prefill_matches_one_at_a_time_greedy(tmp_path, static_kv):
+@pytest.mark.parametrize("static_kv,short_priority_tokens", [(False, 1), (True, 1), (False, 6)])
+def test_chunked_interleaved_prefill_matches_one_at_a_time_greedy(tmp_path, static_kv, short_priority_tokens):
     """Tiny chunks force every prompt through several chunks, overtaking, slot moves and swaps while others
     decode; greedy outputs must equal ``model.generate`` one request at a time (static_kv: the GPU layout,
-    where a decode step also writes the bucket's free rows)."""
+    where a decode step also writes the bucket's free rows; short_priority_tokens: long prefills held back
+    while short requests get their first tokens)."""
     import torch
 
     from tiny_models import build_tiny_model
@@ -221,7 +222,8 @@ def test_chunked_interleaved_prefill_matches_one_at_a_time_greedy(tmp_path, stat
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)[0, len(p):]
         toks = out.tolist()
         refs.append(toks[: toks.index(0)] if 0 in toks else toks)
-    sched = create_ar_scheduler(str(path), max_batch_size=4, static_kv=static_kv)
+    sched = create_ar_scheduler(str(path), max_batch_size=4, static_kv=static_kv,
+                                short_priority_tokens=short_priority_tokens)
     sched.prefill_chunk_tokens, sched.prefill_tokens_while_decoding = 8, 3
     sched.start()
     try:
@@ -236,6 +238,47 @@ def test_chunked_interleaved_prefill_matches_one_at_a_time_greedy(tmp_path, stat
         assert wait_until(lambda: sched.live_state() == 0)
     finally:
         sched.stop()
+
+
+def _hold_trace(path: Path, short_priority_tokens: int, iterations: int = 10) -> list[tuple[int, int, int]]:
+    """A 60-token prompt prefilling in chunks of 8 (3 while others decode), then a 3-token one arrives; the
+    scheduler is driven one iteration at a time. Per iteration: (the short one's tokens before it, the long
+    one's prefill position before, after)."""
+    sched = create_ar_scheduler(str(path), max_batch_size=4, short_priority_tokens=short_priority_tokens)
+    sched.prefill_chunk_tokens, sched.prefill_tokens_while_decoding = 8, 3
+    sched._running.set()  # driven here instead of by its thread, so each step can be read
+    send(sched, "long", {"prompt_ids": list(range(10, 70)), "max_tokens": 4})
+    sched._iteration(None, None)
+    assert sched._prefill_pos["long"] == 8
+    send(sched, "short", {"prompt_ids": [5, 6, 7], "max_tokens": 12})
+    sched._drain_inbox(block=False)
+    short = sched._live["short"]
+    trace = []
+    for _ in range(iterations):
+        n, before = len(short.sampled), sched._prefill_pos["long"]
+        sched._iteration(None, None)
+        trace.append((n, before, sched._prefill_pos["long"]))
+    return trace
+
+
+def test_long_prefill_waits_for_a_short_requests_first_tokens(tmp_path, monkeypatch):
+    """``short_priority_tokens`` (issue #26): while a short request has fewer than N tokens, a long prompt's
+    prefill does not advance, so each of those tokens is one decode step rather than a decode step plus a
+    prefill share; then the long prefill goes on. Without it (N=1) the long one advances in the same steps;
+    with the hold capped at 0 s it is never held."""
+    from omni_rt.engine import ar_scheduler
+    from tiny_models import build_tiny_model
+
+    path = build_tiny_model("llama", tmp_path / "m")
+    young = lambda trace: [(b, a) for n, b, a in trace if 1 <= n < 4]  # noqa: E731
+    held = _hold_trace(path, short_priority_tokens=4)
+    assert young(held) and all(b == a for b, a in young(held)), held
+    assert any(a > b for n, b, a in held if n >= 4), held  # ... and it goes on after them
+    unheld = _hold_trace(path, short_priority_tokens=1)
+    assert young(unheld) and all(a > b for b, a in young(unheld)), unheld
+    monkeypatch.setattr(ar_scheduler, "HOLD_CAP_S", 0.0)
+    capped = _hold_trace(path, short_priority_tokens=4)
+    assert young(capped) and all(a > b for b, a in young(capped)), capped
 
 
 def test_idle_thinker_hands_freed_heap_back_once(tiny_chat):

@@ -6,13 +6,14 @@ One loop iteration, between two decode steps:
   2. reap: free the slots of finished/aborted requests (keeping a session's KV for its next turn) and
      compact live requests into slots ``0..B-1``;
   3. admit: prefill waiting requests into free slots (reusing a session's cached prefix), publish their
-     first token. Prefill is *chunked*: at most ``prefill_chunk_tokens`` prompt tokens per iteration (fewer
-     while answers are decoding, except that a prompt that fits one chunk goes whole), the request with the
-     fewest tokens left first, so a 3000-token prompt costs the running decodes (and a short request
-     arriving meanwhile) one chunk per step instead of a multi-second stall; what arrived during that
-     prefill is admitted too, before the decode step. A request being
-     prefilled holds a slot above the decode rows and joins them when its last chunk is done. Concurrent
-     prefills (several new sessions) share one forward, rows x longest chunk within the same bound;
+     first token. A short prompt (new tokens that fit one chunk) prefills whole, ahead of long ones; a long
+     one is *chunked*: at most ``prefill_chunk_tokens`` per iteration (fewer while answers are decoding, none
+     while a short request is still getting its first tokens), the request with the fewest tokens left first,
+     so a 3000-token prompt costs the running decodes (and a short request arriving meanwhile) one chunk per
+     step instead of a multi-second stall; what arrived during that prefill is admitted too, before the
+     decode step. A request being prefilled holds a slot above the decode rows and joins them when its last
+     chunk is done. Concurrent prefills (several new sessions) share one forward, rows x longest chunk within
+     the same bound;
   4. decode one step for all live rows.
 With ``async_decode`` step 4 runs in a worker thread and the host work of the *previous* step (token
 accounting, detokenization, stop checks, publishing ``stream`` chunks) overlaps it — torch releases the GIL
@@ -67,6 +68,7 @@ from omni_rt.contracts.payloads import SpeechPrompt, TokenDelta
 log = logging.getLogger(__name__)
 
 _REMEMBER_CLOSED = 4096  # closed session ids remembered, so a late request of one never stores KV
+HOLD_CAP_S = 0.5  # a short request holds long prefills back at most this long after it arrives (and in a row)
 
 
 class ARScheduler(ThreadedScheduler):
@@ -90,6 +92,7 @@ class ARScheduler(ThreadedScheduler):
         prefill_chunk_tokens: int | None = None,
         prefill_tokens_while_decoding: int | None = None,
         history_tokens: int | None = None,
+        short_priority_tokens: int = 1,
     ) -> None:
         """``sampling``: the preset's default sampling keys (a request's own keys win); ``answer_policy``: the
         preset's default voice answer policy for text requests; ``languages``: what the talker can speak
@@ -97,11 +100,16 @@ class ARScheduler(ThreadedScheduler):
 
         ``prefill_chunk_tokens`` bounds the prompt tokens prefilled in one iteration (default: 64 on CPU,
         where 64 tokens cost about one short prompt's prefill, so a request arriving mid-chunk waits at most
-        ~2x its own prefill; 512 on GPU). ``prefill_tokens_while_decoding`` (default a quarter of it) is the
-        bound while requests are decoding: on CPU 16 prefill tokens cost about one decode step, so a long
-        prefill and the running answers share the thinker about evenly instead of every answer's next token
-        waiting behind a full chunk. ``history_tokens`` overrides a session's share of the KV (see
-        ``omni_rt.engine.history``)."""
+        ~2x its own prefill; 512 on GPU); a prompt with more new tokens than that is long, a shorter one (a
+        turn of a running conversation, a new session's first question) prefills whole in one forward.
+        ``prefill_tokens_while_decoding`` (default a quarter of it) is the bound while requests are decoding:
+        on CPU 16 prefill tokens cost about one decode step, so a long prefill and the running answers share
+        the thinker about evenly instead of every answer's next token waiting behind a full chunk (measured
+        with ``latency_bench.soak``: 32 / 8 instead of 64 / 16 gave the bystander nothing more beside the
+        hold below and slowed the heavy session's turns). ``history_tokens`` overrides a session's share of
+        the KV (see ``omni_rt.engine.history``). ``short_priority_tokens``: while a short request is waiting, prefilling
+        or has sampled fewer than this many tokens, long prompts wait (``_held_back``); 1 = only until its
+        first token."""
         super().__init__()
         # Admission window for an idle engine, as in SimpleScheduler: idle-immediate by default (a lone
         # request prefills at once); the window arms only once a second request is waiting, or always with
@@ -140,6 +148,10 @@ class ARScheduler(ThreadedScheduler):
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.prefill_tokens_while_decoding = max(1, prefill_tokens_while_decoding or prefill_chunk_tokens // 4)
+        if short_priority_tokens < 1:
+            raise ValueError(f"stage '{name}' field 'short_priority_tokens' must be >= 1, got {short_priority_tokens}")
+        self.short_priority_tokens = short_priority_tokens
+        self._hold_since: float | None = None  # when long prefills began waiting for a short request's first words
         self._prefilling: list[Sequence] = []  # hold slots above the decode rows until their last chunk
         self._prefill_pos: dict[str, int] = {}  # request id -> prompt tokens already in its slot's KV
         self._closed: OrderedDict[str, None] = OrderedDict()
@@ -382,9 +394,10 @@ class ARScheduler(ThreadedScheduler):
         """Spend a bounded number of prefill tokens this iteration, fewest tokens left first; concurrent
         prefills share one forward (``TorchEngine.prefill_batch``), whose cost — rows x longest chunk — is
         what the budget bounds, so running answers wait at most one chunk's worth for new sessions."""
-        budget = self._prefill_budget()
+        held = self._held_back()
+        budget = self._prefill_budget(held)
         while budget > 0:
-            group, width = self._next_prefills(budget)
+            group, width = self._next_prefills(budget, held)
             if not group:
                 return
             t0 = time.perf_counter()
@@ -446,24 +459,54 @@ class ARScheduler(ThreadedScheduler):
         self.output.forget(rid)
         self.emit_error(rid, exc, code="prefill_error")
 
-    def _prefill_budget(self) -> int:
+    def _held_back(self) -> bool:
+        """Whether long prompts wait this iteration: while a short one is waiting for a slot, prefilling,
+        or decoding with fewer than ``short_priority_tokens`` tokens. Its first words are what the listener
+        waits for; a long prefill sharing the forward would make its prefill a wider batch and each of
+        those tokens a decode step plus a prefill share (the bystander of issue #26: ~2.4x its solo first
+        words beside one heavy session). The llama.cpp thinker holds its heavy pieces back the same way
+        (``prefill_pieces.ShortPrefills``). Two caps keep a long prompt slowed, never starved: a short
+        request holds only within ``HOLD_CAP_S`` of its arrival, and a hold lasts at most ``HOLD_CAP_S``
+        in a row (then one iteration of long prefill) however many short requests keep arriving."""
+        cands = self._prefill_candidates()
+        if not any(left > self.prefill_chunk_tokens for left, _, _ in cands):
+            self._hold_since = None
+            return False
+        now = time.perf_counter()
+
+        def short(seq: Sequence, cached: int) -> bool:
+            return now - seq.arrival < HOLD_CAP_S and len(seq.prompt_ids) - cached <= self.prefill_chunk_tokens
+
+        young = any(len(s.sampled) < self.short_priority_tokens and short(s, s.cached_tokens)
+                    for s in self._rows if not s.finished)
+        arriving = any(short(s, s.cached_tokens if s.request_id in self._prefill_pos else len(s.prompt_ids) - left)
+                       for left, _, s in cands)
+        if not (young or arriving):
+            self._hold_since = None
+            return False
+        if self._hold_since is None:
+            self._hold_since = now
+        if now - self._hold_since >= HOLD_CAP_S:
+            self._hold_since = now  # one iteration of long prefill, then the hold starts over
+            return False
+        return True
+
+    def _prefill_budget(self, held: bool = False) -> int:
         """Prompt tokens this iteration may prefill: a full chunk on an idle engine; while answers decode, the
-        smaller share — unless the shortest candidate fits a full chunk, which then gets all of it and
+        smaller share — unless the shortest candidate fits a full chunk, which then gets all it needs and
         finishes in this one forward. A short turn arriving among long prefills would otherwise take
         several iterations of (its share + everyone's decode step) for its first token (the bystander of
         issue #26 waited ~3x its solo time); a whole short prompt costs the decoding answers one forward
         of at most a chunk, once per request — the bound the chunk size already promises them."""
-        if not self._rows:
-            return self.prefill_chunk_tokens
-        cands = self._prefill_candidates()
+        cands = self._prefill_candidates(held)
         shortest = cands[0][0] if cands else 0
-        if self.prefill_tokens_while_decoding < shortest <= self.prefill_chunk_tokens:
-            return shortest
-        return self.prefill_tokens_while_decoding
+        floor = self.prefill_chunk_tokens if not self._rows else self.prefill_tokens_while_decoding
+        return shortest if floor < shortest <= self.prefill_chunk_tokens else floor
 
-    def _prefill_candidates(self) -> list[tuple[int, int, Sequence]]:
+    def _prefill_candidates(self, held: bool = False) -> list[tuple[int, int, Sequence]]:
         """(tokens left, order, request) of the requests that could prefill now, fewest tokens left first:
-        those mid-prefill, and waiting ones only while a slot is free for them."""
+        those mid-prefill, and waiting ones only while a slot is free for them; ``held``: only those with at
+        most a chunk left (``_held_back``)."""
         cands = [(len(s.prompt_ids) - self._prefill_pos[s.request_id], i, s) for i, s in enumerate(self._prefilling)]
         free = self.engine.max_batch_size - len(self._rows) - len(self._prefilling)
         waiting = sorted(  # (estimating a cached prefix per waiting request only when one could start)
@@ -471,14 +514,15 @@ class ARScheduler(ThreadedScheduler):
              for i, s in enumerate(self._waiting)),
             key=lambda c: (c[0], c[1]),
         )[:free] if free > 0 else []
-        return sorted(cands + waiting, key=lambda c: (c[0], c[1]))
+        out = sorted(cands + waiting, key=lambda c: (c[0], c[1]))
+        return [c for c in out if c[0] <= self.prefill_chunk_tokens] if held else out
 
-    def _next_prefills(self, budget: int) -> tuple[list[Sequence], int]:
+    def _next_prefills(self, budget: int, held: bool = False) -> tuple[list[Sequence], int]:
         """The requests to prefill together and the chunk width: shortest remaining prompt first (a short
         bystander overtakes a long prefill between chunks, and finishes in this forward when it fits the
         budget). Of the widths that let the shortest take its whole chunk, the one moving the most real
         tokens within ``rows x width <= budget`` (ties: more rows)."""
-        cands = self._prefill_candidates()
+        cands = self._prefill_candidates(held)
         if not cands:
             return [], 0
         lefts = [c[0] for c in cands]

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 # llama.cpp-only stage args: a preset names them beside the args every backend shares, so the same stage can
 # fall back to (or be switched to) another backend; only the llama.cpp branch ever receives them
 _LLAMA_KEYS = ("cache_ram_mib", "read_timeout_s", "batch_tokens", "unified_kv", "prefill_piece_tokens",
-               "cache_reuse_tokens", "short_priority_tokens", "extra_args", "llama_cpp_root")
+               "cache_reuse_tokens", "extra_args", "llama_cpp_root")
 
 
 def _try_tokenizer(source: str | None):
@@ -58,6 +58,7 @@ def create_ar_scheduler(
     languages: list[str] | None = None,
     prefill_chunk_tokens: int | None = None,
     history_tokens: int | None = None,
+    short_priority_tokens: int = 1,
     random_init: bool = False,
     random_size: str = "full",
     **backend_kwargs: Any,
@@ -67,7 +68,8 @@ def create_ar_scheduler(
     overrides where ``scheduler.tokenizer`` comes from. ``sampling`` / ``answer_policy`` / ``languages``:
     the preset's decoding defaults, voice answer policy and the talker's languages (see ``ARScheduler``).
     ``history_tokens``: the prompt tokens one session may keep (default: its share of ``kv_budget_tokens``
-    over ``max_batch_size`` slots, at most the context; ``omni_rt.engine.history``).
+    over ``max_batch_size`` slots, at most the context; ``omni_rt.engine.history``). ``short_priority_tokens``
+    (torch and llama.cpp): a short request holds long prefills back until it has this many tokens.
 
     ``llama.cpp`` runs ``model`` ("smollm2" = the packaged weights widened to F16, ``omni_rt.engine.smollm2``; or a ``.gguf`` path) on a managed
     ``llama-server`` (``omni_rt.engine.llama_cpp``): ``cpu_threads`` threads, ``max_batch_size`` slots,
@@ -102,6 +104,7 @@ def create_ar_scheduler(
                 tokenizer=_try_tokenizer(tokenizer or (model if model == "smollm2" else None)),
                 default_max_tokens=default_max_tokens,
                 history_tokens=history_tokens,
+                short_priority_tokens=short_priority_tokens,
                 **quality,
                 **llama_args,
                 extra_args=(*extra_args, *(() if prefix_reuse else ("--no-cache-prompt",))),
@@ -115,6 +118,8 @@ def create_ar_scheduler(
         backend = "torch"
     elif llama_args:
         log.info("stage '%s': llama.cpp-only args %s unused by backend %r", name, sorted(llama_args), backend)
+    if backend in ("remote", "sglang") and short_priority_tokens != 1:  # their server schedules its own batches
+        log.info("stage '%s': short_priority_tokens unused by backend %r", name, backend)
     if backend == "torch":
         if cpu_threads is not None and device == "cpu":
             import torch
@@ -156,6 +161,7 @@ def create_ar_scheduler(
             **quality,
             prefill_chunk_tokens=prefill_chunk_tokens,
             history_tokens=history_tokens,
+            short_priority_tokens=short_priority_tokens,
         )
     if backend == "remote":
         from omni_rt.engine.remote import RemoteThinker
