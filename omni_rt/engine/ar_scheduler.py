@@ -394,8 +394,9 @@ class ARScheduler(ThreadedScheduler):
         """Spend a bounded number of prefill tokens this iteration, fewest tokens left first; concurrent
         prefills share one forward (``TorchEngine.prefill_batch``), whose cost — rows x longest chunk — is
         what the budget bounds, so running answers wait at most one chunk's worth for new sessions."""
-        held = self._held_back()
-        budget = self._prefill_budget(held)
+        cands = self._prefill_candidates()
+        held = self._held_back(cands)
+        budget = self._prefill_budget(self._unheld(cands, held))
         while budget > 0:
             group, width = self._next_prefills(budget, held)
             if not group:
@@ -459,7 +460,7 @@ class ARScheduler(ThreadedScheduler):
         self.output.forget(rid)
         self.emit_error(rid, exc, code="prefill_error")
 
-    def _held_back(self) -> bool:
+    def _held_back(self, cands: list[tuple[int, int, Sequence]]) -> bool:
         """Whether long prompts wait this iteration: while a short one is waiting for a slot, prefilling,
         or decoding with fewer than ``short_priority_tokens`` tokens. Its first words are what the listener
         waits for; a long prefill sharing the forward would make its prefill a wider batch and each of
@@ -467,8 +468,8 @@ class ARScheduler(ThreadedScheduler):
         words beside one heavy session). The llama.cpp thinker holds its heavy pieces back the same way
         (``prefill_pieces.ShortPrefills``). Two caps keep a long prompt slowed, never starved: a short
         request holds only within ``HOLD_CAP_S`` of its arrival, and a hold lasts at most ``HOLD_CAP_S``
-        in a row (then one iteration of long prefill) however many short requests keep arriving."""
-        cands = self._prefill_candidates()
+        in a row (then one iteration of long prefill) however many short requests keep arriving.
+        ``cands``: ``_prefill_candidates()``."""
         if not any(left > self.prefill_chunk_tokens for left, _, _ in cands):
             self._hold_since = None
             return False
@@ -479,6 +480,7 @@ class ARScheduler(ThreadedScheduler):
 
         young = any(len(s.sampled) < self.short_priority_tokens and short(s, s.cached_tokens)
                     for s in self._rows if not s.finished)
+        # a waiting candidate's tokens left are all new (its cached prefix estimated); one mid-prefill restored its own
         arriving = any(short(s, s.cached_tokens if s.request_id in self._prefill_pos else len(s.prompt_ids) - left)
                        for left, _, s in cands)
         if not (young or arriving):
@@ -491,14 +493,14 @@ class ARScheduler(ThreadedScheduler):
             return False
         return True
 
-    def _prefill_budget(self, held: bool = False) -> int:
+    def _prefill_budget(self, cands: list[tuple[int, int, Sequence]]) -> int:
         """Prompt tokens this iteration may prefill: a full chunk on an idle engine; while answers decode, the
         smaller share — unless the shortest candidate fits a full chunk, which then gets all it needs and
         finishes in this one forward. A short turn arriving among long prefills would otherwise take
         several iterations of (its share + everyone's decode step) for its first token (the bystander of
         issue #26 waited ~3x its solo time); a whole short prompt costs the decoding answers one forward
-        of at most a chunk, once per request — the bound the chunk size already promises them."""
-        cands = self._prefill_candidates(held)
+        of at most a chunk, once per request — the bound the chunk size already promises them. ``cands``:
+        the candidates that may prefill now (``_prefill_candidates``)."""
         shortest = cands[0][0] if cands else 0
         floor = self.prefill_chunk_tokens if not self._rows else self.prefill_tokens_while_decoding
         return shortest if floor < shortest <= self.prefill_chunk_tokens else floor
@@ -514,8 +516,11 @@ class ARScheduler(ThreadedScheduler):
              for i, s in enumerate(self._waiting)),
             key=lambda c: (c[0], c[1]),
         )[:free] if free > 0 else []
-        out = sorted(cands + waiting, key=lambda c: (c[0], c[1]))
-        return [c for c in out if c[0] <= self.prefill_chunk_tokens] if held else out
+        return self._unheld(sorted(cands + waiting, key=lambda c: (c[0], c[1])), held)
+
+    def _unheld(self, cands: list[tuple[int, int, Sequence]], held: bool) -> list[tuple[int, int, Sequence]]:
+        """The candidates allowed to prefill: while ``held``, those with at most a chunk left."""
+        return [c for c in cands if c[0] <= self.prefill_chunk_tokens] if held else cands
 
     def _next_prefills(self, budget: int, held: bool = False) -> tuple[list[Sequence], int]:
         """The requests to prefill together and the chunk width: shortest remaining prompt first (a short
