@@ -161,6 +161,40 @@ def test_short_requests_take_lower_llama_slots_than_heavy_prefills(tokenizer):
     assert set(sched._slot_of) == {"h1", "s2", "h2"}
 
 
+def test_a_new_session_takes_a_slot_no_other_session_holds_its_prefix_in(tokenizer):
+    """With one prefix per slot (``--cache-ram 0``) a session's first turn must not evict another session's
+    conversation while a slot nobody holds is free; once every slot holds one, the least recently served
+    session's goes first, and a closed session's slot is free for anyone."""
+    from omni_rt.engine.llama_cpp_thinker import LlamaCppThinker
+    from omni_rt.engine.llama_server import LlamaServer
+    from omni_rt.engine.request import parse_request
+
+    sched = LlamaCppThinker(LlamaServer("/bin/true", "unused.gguf", parallel=4), tokenizer=tokenizer, model="m",
+                            name="t", dialect="llama.cpp")
+    sched.history = HistoryWindow(tokenizer, 1024)
+    turns: dict[str, int] = {}
+
+    def turn(sid: str) -> int:
+        """One short request of session ``sid``, finished at once; returns its slot."""
+        turns[sid] = turns.get(sid, 0) + 1
+        rid = f"{sid}-{turns[sid]}"
+        req = parse_request({"messages": [{"role": "user", "content": "x"}], "session_id": sid}, 8, {}, None)
+        sched.prompt_ids[rid] = list(range(100, 110 + turns[sid]))
+        sched._take_slot(rid, req)
+        slot = sched.request(req, rid)[1]["id_slot"]
+        sched._slot_of.pop(rid)
+        return slot
+
+    assert [turn("a"), turn("b"), turn("c")] == [0, 1, 2]  # before: "b" and "c" both took slot 0, "a"'s
+    assert [turn("a"), turn("b"), turn("c")] == [0, 1, 2]  # each keeps its own
+    assert turn("d") == 3
+    assert turn("e") == 0  # every slot holds a prefix: the least recently served session's ("a")
+    assert [turn("b"), turn("c"), turn("d"), turn("e")] == [1, 2, 3, 0]
+    assert turn("a") == 1  # "a" comes back: now "b" is the least recently served
+    sched.close_session("c")
+    assert turn("f") == 2  # a closed session's slot before any live one's
+
+
 def test_a_front_trimmed_prompt_counts_its_kept_turns_as_cached_with_cache_reuse(tokenizer):
     """What llama-server's ``--cache-reuse`` keeps (chunks shifted into place past the first difference) is not
     new: a trimmed history stays a light request (no heavy pieces, its own slot) instead of looking like a

@@ -148,9 +148,9 @@ class LlamaCppThinker(RemoteThinker):
         fills each batch of ``-b`` tokens slot by slot in slot order, so a bystander below a heavy prefill
         gets its prompt and decode tokens into each batch and the prefill takes what is left. A session
         keeps its last slot (its prefix is there) when that keeps the order; otherwise a short request takes
-        the lowest free slot, a long one (more than ``heavy_prefill_tokens`` new) the highest — llama-server
-        then saves that slot's prompt to its RAM cache and loads this session's from it. Returns the prompt
-        and how many of its tokens are new when a slot was taken, else None."""
+        the lowest free slot, a long one (more than ``heavy_prefill_tokens`` new) the highest, among the slots
+        that hold no other session's prefix (``_free_slots_by_cost``). Returns the prompt and how many of its
+        tokens are new when a slot was taken, else None."""
         ids = self.prompt_ids.pop(request_id, None)
         if ids is None or self.history is None:
             return None
@@ -161,13 +161,15 @@ class LlamaCppThinker(RemoteThinker):
         free = sorted(set(range(self.server.parallel)) - set(s for s, _ in busy))
         if not free:
             return None  # llama-server queues it for the first slot to free up
+        holders = self._holders()
         last = self._last_slot.get(sid) if sid else None
+        if last is not None and holders[last][0] != sid:
+            last = None  # another session has used that slot since: its prefix is there now
         if heavy:
             keep = last in free and all(s < last for s, h in busy if not h)
-            slot = last if keep else free[-1]
         else:
             keep = last in free and all(s > last for s, h in busy if h)
-            slot = last if keep else free[0]
+        slot = last if keep else self._free_slots_by_cost(free[::-1] if heavy else free, sid, holders)[0]
         self._slot_of[request_id] = (slot, heavy)
         if sid:
             self._last_slot[sid] = slot
@@ -175,6 +177,27 @@ class LlamaCppThinker(RemoteThinker):
             if len(self._last_slot) > 1024:
                 self._last_slot.popitem(last=False)
         return ids, new
+
+    def _holders(self) -> dict[int, tuple[str, int]]:
+        """slot -> (the session whose prefix it holds: the last one served there, how recently: a rank)."""
+        holders: dict[int, tuple[str, int]] = {}
+        for rank, (owner, slot) in enumerate(self._last_slot.items()):  # oldest first: the latest one wins
+            holders[slot] = (owner, rank)
+        return holders
+
+    def _free_slots_by_cost(self, free: list[int], sid: str | None, holders: dict[int, tuple[str, int]]) -> list[int]:
+        """``free`` (in the order the batch rule prefers) sorted by what taking each slot destroys: first
+        the slots that hold no other session's prefix, then those of the sessions least recently served.
+
+        Why: with ``--cache-ram 0`` a slot holds one prefix; taking the lowest free slot whatever it held
+        made a session's first turn evict another's conversation, which then re-prefilled its whole history
+        (80-190 tokens, 0.5-1 s on one thread) on its next turn's critical path — in every 4-session bench
+        run (llama-server's log)."""
+        def cost(slot: int) -> int:
+            owner, rank = holders.get(slot, (None, -1))
+            return -1 if owner is None or owner == sid else rank
+
+        return sorted(free, key=cost)  # stable: ties keep the batch order
 
     def close_session(self, session_id: str) -> None:
         super().close_session(session_id)
