@@ -107,6 +107,20 @@ def test_prefix_reuse_second_turn(sched):
     assert second["cached_tokens"] >= first["prompt_tokens"] - 2, second
 
 
+def test_an_answer_the_policy_cut_short_still_reports_its_cached_prompt(sched):
+    """A voice answer's stream is closed at the policy's sentence limit, before llama-server's usage chunk:
+    its prompt and cached counts then come from the timings on every chunk, not a local count with 0 cached."""
+    turn1 = _q("My name is Bob and I keep bees in my garden. Tell me three facts about bees, one per sentence.")
+    first = _ask(sched, "p1", turn1, session_id="bob", answer_policy={"max_sentences": 1})["result"]
+    assert first["finish_reason"] == "policy", first  # closed early: no usage chunk came
+    turn2 = turn1 + [{"role": "assistant", "content": first["text"]},
+                     {"role": "user", "content": "Now three facts about ants, one per sentence."}]
+    second = _ask(sched, "p2", turn2, session_id="bob", answer_policy={"max_sentences": 1})["result"]
+    assert second["finish_reason"] == "policy", second
+    assert second["prompt_tokens"] > first["prompt_tokens"] + 10, (first, second)
+    assert second["cached_tokens"] >= first["prompt_tokens"] - 2, second  # was 0
+
+
 def test_long_new_prompt_is_fed_in_pieces(sched):
     """A heavy new prompt goes to llama-server one batch at a time (``omni_rt.engine.prefill_pieces``): the
     real request finds all but the last piece cached, and the pieces evaluate nothing twice."""

@@ -51,6 +51,19 @@ def first_token_timing(arrived: float, first: float, timings: dict[str, float] |
     return StageTiming(total - compute, compute)
 
 
+def usage_from_timings(timings: dict[str, float] | None) -> dict[str, int]:
+    """The prompt's size and cached part from llama-server's per-chunk ``timings`` (``cache_n`` reused +
+    ``prompt_n`` evaluated); {} without them.
+
+    Why: the usage chunk comes only at the end of a stream, and a voice answer's stream is usually closed
+    before that (the answer policy's sentence limit): the response then reported 0 cached tokens for a prompt
+    that llama-server had found almost whole in its cache."""
+    if not timings or timings.get("prompt_n") is None or timings.get("cache_n") is None:
+        return {}
+    cached = int(timings["cache_n"])
+    return {"prompt_tokens": cached + int(timings["prompt_n"]), "cached_tokens": cached}
+
+
 class UpstreamError(RuntimeError):
     """A failure with a client-facing message and an error code."""
 
@@ -217,7 +230,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
             if tail:
                 text.append(tail)
                 self.emit(rid, "stream", TextDelta(tail, []))
-        usage = usage or {}
+        usage = usage or usage_from_timings(upstream_timings)
         prompt_tokens = usage.get("prompt_tokens") or self._count_prompt(req)
         timing = first_token_timing(arrived, first, upstream_timings) if first is not None else None
         self.emit(
