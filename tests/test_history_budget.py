@@ -194,6 +194,21 @@ def test_a_new_session_takes_a_slot_no_other_session_holds_its_prefix_in(tokeniz
     sched.close_session("c")
     assert turn("f") == 2  # a closed session's slot before any live one's
 
+    fresh = LlamaCppThinker(LlamaServer("/bin/true", "unused.gguf", parallel=4), tokenizer=tokenizer, model="m",
+                            name="t2", dialect="llama.cpp")
+    fresh.history = HistoryWindow(tokenizer, 1024)
+    sched = fresh
+    req = parse_request({"messages": [{"role": "user", "content": "x"}], "session_id": "h"}, 8, {}, None)
+    sched.prompt_ids["h-1"] = list(range(100, 400))
+    sched._take_slot("h-1", req)
+    assert sched._slot_of.pop("h-1")[0] == 3  # a heavy prompt: the highest slot
+    sched.close_session("h")
+    assert turn("g") == 3  # a closed session's slot (its system prompt is there) before the never used 0-2
+    sched.prompt_ids["h2-1"] = list(range(100, 400))
+    sched._take_slot("h2-1", parse_request({"messages": [{"role": "user", "content": "x"}], "session_id": "h2"}, 8, {}, None))
+    assert sched._slot_of["h2-1"][0] == 2  # busy heavy: the highest free
+    assert turn("k") == 0  # a short one below the busy heavy one, not in "g"'s slot 3 (nor above 2)
+
 
 def test_a_front_trimmed_prompt_counts_its_kept_turns_as_cached_with_cache_reuse(tokenizer):
     """What llama-server's ``--cache-reuse`` keeps (chunks shifted into place past the first difference) is not

@@ -91,6 +91,7 @@ class LlamaCppThinker(RemoteThinker):
         self.history_tokens = history_tokens
         self._slot_of: dict[str, tuple[int, bool]] = {}  # request in flight -> (its llama-server slot, heavy)
         self._last_slot: OrderedDict[str, int] = OrderedDict()  # session -> the slot its last request used
+        self._used_slots: set[int] = set()  # slots that hold a prompt (a closed session's starts like a new one's)
         self.heavy_prefill_tokens = heavy_prefill_tokens
         # a heavy prompt's new tokens go in pieces of one batch (omni_rt.engine.prefill_pieces); 0: off
         self.prefill_piece_tokens = (server.batch_tokens or 0) if prefill_piece_tokens is None else prefill_piece_tokens
@@ -169,8 +170,10 @@ class LlamaCppThinker(RemoteThinker):
             keep = last in free and all(s < last for s, h in busy if not h)
         else:
             keep = last in free and all(s > last for s, h in busy if h)
-        slot = last if keep else self._free_slots_by_cost(free[::-1] if heavy else free, sid, holders)[0]
+        slot = last if keep else self._free_slots_by_cost(free[::-1] if heavy else free, sid, holders,
+                                                          heavy, list(busy))[0]
         self._slot_of[request_id] = (slot, heavy)
+        self._used_slots.add(slot)
         if sid:
             self._last_slot[sid] = slot
             self._last_slot.move_to_end(sid)
@@ -185,17 +188,23 @@ class LlamaCppThinker(RemoteThinker):
             holders[slot] = (owner, rank)
         return holders
 
-    def _free_slots_by_cost(self, free: list[int], sid: str | None, holders: dict[int, tuple[str, int]]) -> list[int]:
-        """``free`` (in the order the batch rule prefers) sorted by what taking each slot destroys: first
-        the slots that hold no other session's prefix, then those of the sessions least recently served.
+    def _free_slots_by_cost(self, free: list[int], sid: str | None, holders: dict[int, tuple[str, int]],
+                            heavy: bool, busy: list[tuple[int, bool]]) -> list[int]:
+        """``free`` (in the order the batch rule prefers) sorted by what taking each slot costs: first the
+        slots that keep a short request below every busy heavy one (a heavy one above every busy short one),
+        among them those that hold no other session's prefix — a closed session's before a never used one (its
+        system prompt is likely this session's too) — then those of the sessions least recently served.
 
         Why: with ``--cache-ram 0`` a slot holds one prefix; taking the lowest free slot whatever it held
         made a session's first turn evict another's conversation, which then re-prefilled its whole history
         (80-190 tokens, 0.5-1 s on one thread) on its next turn's critical path — in every 4-session bench
         run (llama-server's log)."""
-        def cost(slot: int) -> int:
+        def cost(slot: int) -> tuple[bool, int, int]:
+            out_of_order = any(s > slot for s, h in busy if not h) if heavy else any(s < slot for s, h in busy if h)
             owner, rank = holders.get(slot, (None, -1))
-            return -1 if owner is None or owner == sid else rank
+            if owner is None or owner == sid:
+                return (out_of_order, -1, 0 if slot in self._used_slots else 1)
+            return (out_of_order, rank, 0)
 
         return sorted(free, key=cost)  # stable: ties keep the batch order
 
