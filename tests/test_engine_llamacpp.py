@@ -121,6 +121,32 @@ def test_an_answer_the_policy_cut_short_still_reports_its_cached_prompt(sched):
     assert second["cached_tokens"] >= first["prompt_tokens"] - 2, second  # was 0
 
 
+def test_warmed_slots_give_a_fresh_servers_first_turns_their_system_prompt(binary):
+    """The server prefills its default instructions into the unused slots at start: the first turns of new
+    sessions then find the system prompt cached (each takes a slot no other session holds), and a slot a
+    request already used is left alone."""
+    from omni_rt.realtime.session_config import SessionConfig
+
+    instructions = SessionConfig().instructions
+    s = create_ar_scheduler("smollm2", backend="llama.cpp", max_batch_size=3, kv_budget_tokens=3072,
+                            cpu_threads=1, default_max_tokens=8)
+    s.start()
+    try:
+        terse = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi?"}]
+        first = _ask(s, "w0", terse, session_id="early")
+        assert first["result"]["cached_tokens"] == 0, first["result"]  # before the warm: an empty slot
+        assert s.warm_system_prompt(instructions) == 2  # the two slots nobody used; "early"'s kept its prompt
+        for sid in ("a", "b"):
+            res = _ask(s, f"w-{sid}", [{"role": "system", "content": instructions},
+                                        {"role": "user", "content": "What is the capital of France?"}], session_id=sid)["result"]
+            assert res["cached_tokens"] >= 20 and res["prompt_tokens"] - res["cached_tokens"] <= 16, res
+        again = _ask(s, "w1", terse + [{"role": "assistant", "content": first["result"]["text"]},
+                                       {"role": "user", "content": "Bye?"}], session_id="early")["result"]
+        assert again["cached_tokens"] >= first["result"]["prompt_tokens"] - 2, again
+    finally:
+        s.stop()
+
+
 def test_long_new_prompt_is_fed_in_pieces(sched):
     """A heavy new prompt goes to llama-server one batch at a time (``omni_rt.engine.prefill_pieces``): the
     real request finds all but the last piece cached, and the pieces evaluate nothing twice."""

@@ -16,9 +16,12 @@ import os
 from collections import OrderedDict
 from typing import Any, AsyncIterator, Sequence
 
+import httpx
+
 from omni_rt.engine.async_stream import Delta, UpstreamError
 from omni_rt.engine.constrained import closed, forced_tools, forces_call
 from omni_rt.engine.history import HistoryWindow
+from omni_rt.engine.language import steer_messages
 from omni_rt.engine.llama_server import LlamaServer
 from omni_rt.engine.prefill_pieces import ShortPrefills, prefill_in_pieces
 from omni_rt.engine.remote import RemoteThinker, request_body
@@ -207,6 +210,34 @@ class LlamaCppThinker(RemoteThinker):
             return (out_of_order, rank, 0)
 
         return sorted(free, key=cost)  # stable: ties keep the batch order
+
+    def warm_system_prompt(self, instructions: str) -> int:
+        """Prefill ``instructions`` as a session's first turn renders its system prompt into every slot no
+        request has used yet (``n_predict: 0``); returns how many slots took it. Blocking HTTP: the server calls
+        it once after start, in a thread.
+
+        Why: a new session takes a slot that holds no other session's conversation (``_free_slots_by_cost``),
+        on a fresh server an empty one, where its first turn used to prefill the system prompt itself (~55
+        tokens, ~300 ms on one thread) on its critical path."""
+        if self.tokenizer is None or not instructions:
+            return 0
+        # the empty user turn only closes the template: a real first turn shares everything up to its words
+        msgs = steer_messages([{"role": "system", "content": instructions}, {"role": "user", "content": ""}], self.languages)
+        ids = list(self.tokenizer(render_prompt(self.tokenizer, msgs, None, "auto"), add_special_tokens=False)["input_ids"])
+        warmed = 0
+        with httpx.Client(timeout=self._timeout, headers=self._headers) as client:
+            for slot in range(self.server.parallel):
+                if slot in self._used_slots:  # a request got there first: its own prompt is there
+                    continue
+                self._used_slots.add(slot)  # before the request: a new session may now pick it, queued behind this
+                try:
+                    resp = client.post(self.server.base_url + "/completions",
+                                       json={"prompt": ids, "n_predict": 0, "id_slot": slot, "cache_prompt": True})
+                except httpx.HTTPError as exc:
+                    log.info("%s: warming slot %d failed (%s); its first turn prefills the system prompt", self.name, slot, exc)
+                    break
+                warmed += resp.status_code == 200
+        return warmed
 
     def close_session(self, session_id: str) -> None:
         super().close_session(session_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -10,6 +11,7 @@ from omni_rt.presets import load_preset
 from omni_rt.audio import PIPELINE_INPUT_RATE
 from omni_rt.core.config import ConfigError, PipelineConfig
 from omni_rt.core.coordinator import Coordinator
+from omni_rt.realtime.session_config import SessionConfig
 from omni_rt.server.metrics import Metrics
 from omni_rt.server.settings import ServerSettings
 from omni_rt.session.core import SessionLimits
@@ -46,14 +48,34 @@ class Runtime:
         self.coordinator: Coordinator | None = None  # type: ignore[assignment]
         self.sessions: set[Any] = set()  # SessionRunner of every open connection
         self.draining = False  # shutting down: no new sessions
+        self._warm_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         t0 = time.perf_counter()
         self.coordinator = Coordinator(self.config)
         await self.coordinator.start()
         log.info("pipeline '%s' ready in %.1f s", self.config.name, time.perf_counter() - t0)
+        self._warm_task = asyncio.create_task(self._warm_thinker())
+
+    async def _warm_thinker(self) -> None:
+        """Let a thinker that keeps prompts per slot (llama.cpp) prefill the default instructions, in the
+        background: a fresh server's first turns then find their system prompt cached."""
+        coord = self.coordinator
+        scheduler = coord.stages[coord.roles.response].scheduler if coord.roles.response in coord.stages else None
+        warm = getattr(scheduler, "warm_system_prompt", None)
+        if warm is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            n = await asyncio.to_thread(warm, SessionConfig().instructions)
+        except Exception as exc:  # an optimisation only: the first turns then prefill it themselves
+            log.warning("warming the thinker's slots failed: %s", exc)
+            return
+        log.info("thinker: default instructions prefilled into %d slots in %.1f s", n, time.perf_counter() - t0)
 
     async def stop(self) -> None:
+        if self._warm_task is not None:
+            await asyncio.wait([self._warm_task], timeout=5)
         if self.coordinator is not None:
             await self.coordinator.stop()
 
