@@ -14,7 +14,7 @@ import json
 import logging
 import os
 from collections import OrderedDict
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import httpx
 
@@ -23,7 +23,7 @@ from omni_rt.engine.constrained import closed, forced_tools, forces_call
 from omni_rt.engine.history import HistoryWindow
 from omni_rt.engine.language import steer_messages
 from omni_rt.engine.llama_server import LlamaServer
-from omni_rt.engine.prefill_pieces import ShortPrefills, prefill_in_pieces
+from omni_rt.engine.prefill_pieces import ShortPrefills, prefill_in_pieces, prefill_only_body
 from omni_rt.engine.remote import RemoteThinker, request_body
 from omni_rt.engine.request import GenRequest
 from omni_rt.engine.tool_prompt import detect_format, render_prompt
@@ -166,15 +166,17 @@ class LlamaCppThinker(RemoteThinker):
         if not free:
             return None  # llama-server queues it for the first slot to free up
         holders = self._holders()
+        busy_now = list(busy)
+
+        def out_of_order(slot: int) -> bool:
+            """A short request above a busy heavy one (a heavy one below a busy short one)."""
+            return any(s > slot for s, h in busy_now if not h) if heavy else any(s < slot for s, h in busy_now if h)
+
         last = self._last_slot.get(sid) if sid else None
         if last is not None and holders[last][0] != sid:
             last = None  # another session has used that slot since: its prefix is there now
-        if heavy:
-            keep = last in free and all(s < last for s, h in busy if not h)
-        else:
-            keep = last in free and all(s > last for s, h in busy if h)
-        slot = last if keep else self._free_slots_by_cost(free[::-1] if heavy else free, sid, holders,
-                                                          heavy, list(busy))[0]
+        keep = last in free and not out_of_order(last)
+        slot = last if keep else self._free_slots_by_cost(free[::-1] if heavy else free, sid, holders, out_of_order)[0]
         self._slot_of[request_id] = (slot, heavy)
         self._used_slots.add(slot)
         if sid:
@@ -192,7 +194,7 @@ class LlamaCppThinker(RemoteThinker):
         return holders
 
     def _free_slots_by_cost(self, free: list[int], sid: str | None, holders: dict[int, tuple[str, int]],
-                            heavy: bool, busy: list[tuple[int, bool]]) -> list[int]:
+                            out_of_order: Callable[[int], bool]) -> list[int]:
         """``free`` (in the order the batch rule prefers) sorted by what taking each slot costs: first the
         slots that keep a short request below every busy heavy one (a heavy one above every busy short one),
         among them those that hold no other session's prefix — a closed session's before a never used one (its
@@ -203,11 +205,10 @@ class LlamaCppThinker(RemoteThinker):
         (80-190 tokens, 0.5-1 s on one thread) on its next turn's critical path — in every 4-session bench
         run (llama-server's log)."""
         def cost(slot: int) -> tuple[bool, int, int]:
-            out_of_order = any(s > slot for s, h in busy if not h) if heavy else any(s < slot for s, h in busy if h)
             owner, rank = holders.get(slot, (None, -1))
             if owner is None or owner == sid:
-                return (out_of_order, -1, 0 if slot in self._used_slots else 1)
-            return (out_of_order, rank, 0)
+                return (out_of_order(slot), -1, 0 if slot in self._used_slots else 1)
+            return (out_of_order(slot), rank, 0)
 
         return sorted(free, key=cost)  # stable: ties keep the batch order
 
@@ -231,8 +232,7 @@ class LlamaCppThinker(RemoteThinker):
                     continue
                 self._used_slots.add(slot)  # before the request: a new session may now pick it, queued behind this
                 try:
-                    resp = client.post(self.server.base_url + "/completions",
-                                       json={"prompt": ids, "n_predict": 0, "id_slot": slot, "cache_prompt": True})
+                    resp = client.post(self.server.base_url + "/completions", json=prefill_only_body(ids, slot))
                 except httpx.HTTPError as exc:
                     log.info("%s: warming slot %d failed (%s); its first turn prefills the system prompt", self.name, slot, exc)
                     break

@@ -68,6 +68,11 @@ class ShortPrefills:
         return time.perf_counter() - t0
 
 
+def prefill_only_body(ids: list[int], slot: int) -> dict[str, Any]:
+    """A llama-server ``/completions`` body that only prefills ``ids`` into ``slot``'s cache (no token out)."""
+    return {"prompt": ids, "n_predict": 0, "id_slot": slot, "cache_prompt": True}
+
+
 async def prefill_in_pieces(
     client: httpx.AsyncClient,
     url: str,
@@ -85,7 +90,7 @@ async def prefill_in_pieces(
     for end in range(cached + piece, len(ids), piece):
         waited += await shorts.wait_idle()
         try:
-            resp = await client.post(url, json={"prompt": ids[:end], "n_predict": 0, "id_slot": slot, "cache_prompt": True})
+            resp = await client.post(url, json=prefill_only_body(ids[:end], slot))
         except httpx.HTTPError as exc:
             log.debug("prefill piece to %d tokens failed (%s): the request prefills the rest", end, exc)
             break

@@ -60,9 +60,7 @@ class Runtime:
     async def _warm_thinker(self) -> None:
         """Let a thinker that keeps prompts per slot (llama.cpp) prefill the default instructions, in the
         background: a fresh server's first turns then find their system prompt cached."""
-        coord = self.coordinator
-        scheduler = coord.stages[coord.roles.response].scheduler if coord.roles.response in coord.stages else None
-        warm = getattr(scheduler, "warm_system_prompt", None)
+        warm = getattr(self._response_scheduler(), "warm_system_prompt", None)
         if warm is None:
             return
         t0 = time.perf_counter()
@@ -79,12 +77,17 @@ class Runtime:
         if self.coordinator is not None:
             await self.coordinator.stop()
 
+    def _response_scheduler(self) -> Any:
+        """The scheduler of the stage that answers (the thinker), None before start or without one."""
+        coord = self.coordinator
+        if coord is None or coord.roles.response not in coord.stages:
+            return None
+        return coord.stages[coord.roles.response].scheduler
+
     def session_limits(self) -> SessionLimits:
         """Per-session caps; with the thinker's history budget (``omni_rt.engine.history``) once it is known, so
         an item too large for any prompt is refused when it is created."""
-        history, coord = None, self.coordinator
-        if coord is not None and coord.roles.response in coord.stages:
-            history = getattr(coord.stages[coord.roles.response].scheduler, "history", None)
+        history = getattr(self._response_scheduler(), "history", None)
         budget = {} if history is None else dict(
             item_tokens=history.count, max_item_tokens=history.max_item_tokens, item_budget_note=f" ({history.describe()})")
         return SessionLimits(max_response_tokens=self.settings.max_response_tokens,
