@@ -281,7 +281,11 @@ async def one_answer(coord, rid: str, plan: Plan, seed: int) -> dict[str, Any]:
     """One text turn: TTFA (submit -> first PCM of the audio role's stage) and underruns over ``audio_s``."""
     from omni_rt.core.coordinator import ResultItem, StreamItem
 
-    audio_stage = coord.config.roles.audio
+    from omni_rt.contracts.payloads import text_of
+
+    audio_stage, text_stage = coord.config.roles.audio, coord.config.roles.text
+    first_text: float | None = None  # the thinker's first text: TTFA splits into it and what speaks it
+    text_before_audio = ""
     payload = {"messages": [{"role": "user", "content": "Tell me about the weather today."}],
                "max_tokens": plan.answer_tokens, "ignore_eos": True, "temperature": 1.0, "seed": seed}
     deltas: list[tuple[float, int]] = []
@@ -292,6 +296,9 @@ async def one_answer(coord, rid: str, plan: Plan, seed: int) -> dict[str, Any]:
     async with asyncio.timeout(plan.turn_timeout_s):
         async with contextlib.aclosing(coord.stream(rid, payload, entry=coord.roles.response)) as items:
             async for item in items:
+                if isinstance(item, StreamItem) and item.stage == text_stage and not deltas:
+                    first_text = item.t if first_text is None else first_text
+                    text_before_audio += text_of(item.data)
                 if isinstance(item, StreamItem) and item.stage == audio_stage:
                     deltas.append((item.t, item.data.samples))  # stamped when the vocoder's chunk left the stage
                     got += item.data.samples
@@ -303,10 +310,14 @@ async def one_answer(coord, rid: str, plan: Plan, seed: int) -> dict[str, Any]:
         raise RuntimeError(f"answer {rid} produced no audio ({ended})")
     count, gap = playback(deltas)
     return {"ttfa_ms": round((deltas[0][0] - t0) * 1000, 1), "underruns": count, "underrun_ms": round(gap, 1),
-            "audio_s": round(got / SR, 2), "chunks": len(deltas), "ended": ended}
+            "audio_s": round(got / SR, 2), "chunks": len(deltas), "ended": ended,
+            "first_text_ms": None if first_text is None else round((first_text - t0) * 1000, 1),
+            "text_words_before_audio": len(text_before_audio.split())}
 
 
-async def preset_latency(plan: Plan) -> dict[str, Any]:
+async def preset_latency(plan: Plan, on_level: Any = None) -> dict[str, Any]:
+    """``on_level(partial)``: called after each concurrency level with the result so far (a run cut short by
+    its time limit keeps the levels it finished)."""
     from omni_rt.core.coordinator import Coordinator
 
     t0 = time.perf_counter()
@@ -314,7 +325,11 @@ async def preset_latency(plan: Plan) -> dict[str, Any]:
     coord = Coordinator(config)
     await coord.start()
     start_s = time.perf_counter() - t0
-    levels = {}
+    levels: dict[str, Any] = {}
+
+    def summary(levels: dict[str, Any]) -> dict[str, Any]:
+        return {"stages_random": changed, "start_s": round(start_s, 1), "audio_s_per_answer": plan.audio_s,
+                "answer_tokens": plan.answer_tokens, "levels": dict(levels)}
     try:
         await one_answer(coord, "warmup", plan, 0)  # not recorded: lazy inits, allocator, first graphs
         await asyncio.sleep(0.1)
@@ -337,21 +352,28 @@ async def preset_latency(plan: Plan) -> dict[str, Any]:
                 "sessions": n, "answers": len(turns), "failures": len(turns) - len(ok),
                 "wall_s": round(time.perf_counter() - t1, 1),
                 "ttfa_ms": report.summarize(t["ttfa_ms"] for t in ok),
+                "first_text_ms": report.summarize(t["first_text_ms"] for t in ok if t["first_text_ms"] is not None),
                 "underruns_total": sum(t["underruns"] for t in ok),
                 "underrun_ms_total": round(sum(t["underrun_ms"] for t in ok), 1),
                 "audio_s_mean": round(statistics.mean(t["audio_s"] for t in ok), 2) if ok else None,
                 "turns": turns,
             }
+            print(f"  preset, {n} sessions: TTFA {levels[str(n)]['ttfa_ms']}, underruns {levels[str(n)]['underruns_total']}, "
+                  f"failures {levels[str(n)]['failures']}", flush=True)
+            if on_level is not None:
+                on_level(summary(levels))
             await asyncio.sleep(0.2)  # aborted answers finish unwinding before the next level
     finally:
         await coord.stop()
         _free()
-    return {"stages_random": changed, "start_s": round(start_s, 1), "audio_s_per_answer": plan.audio_s,
-            "answer_tokens": plan.answer_tokens, "levels": levels}
+    return summary(levels)
 
 
 # ---------------------------------------------------------------------------------------------- run + report
-def run(plan: Plan, smoke: bool, out: Path | None = None) -> dict[str, Any]:
+SECTIONS = ("bandwidth", "decode", "equality", "paged", "preset")
+
+
+def run(plan: Plan, smoke: bool, out: Path | None = None, sections: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
     """Every section, in order. A failing section is recorded as ``{"error": ...}`` and the next one runs; the
     JSON is rewritten after each section (a GPU run cut short by its time limit keeps what it measured)."""
     t0 = time.perf_counter()
@@ -362,6 +384,9 @@ def run(plan: Plan, smoke: bool, out: Path | None = None) -> dict[str, Any]:
                               "transformers": transformers.__version__}
 
     def section(name: str, fn) -> Any:
+        if name not in sections and name != "targets":
+            result[name] = {"error": "not run (--sections)"}
+            return result[name]
         try:
             result[name] = fn()
         except Exception as exc:  # noqa: BLE001 - recorded, and the other sections still run
@@ -400,7 +425,12 @@ def run(plan: Plan, smoke: bool, out: Path | None = None) -> dict[str, Any]:
     section("decode", decode)
     section("equality", lambda: graph_equality(plan))
     section("paged", lambda: paged_equality(plan))
-    section("preset", lambda: asyncio.run(preset_latency(plan)))
+    def level_done(partial: dict[str, Any]) -> None:
+        result["preset"] = partial
+        if out is not None:
+            report.write_json(result, out)
+
+    section("preset", lambda: asyncio.run(preset_latency(plan, on_level=level_done)))
     section("targets", lambda: check_targets(result))
     return result
 
@@ -423,7 +453,7 @@ def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     def add(what: str, value: Any, target: str, ok: bool) -> None:
         out.append({"what": what, "value": value, "target": target, "ok": bool(ok) and value is not None})
 
-    levels = {} if _failed(result.get("preset")) else result["preset"]["levels"]
+    levels = {} if _failed(result.get("preset")) else (result.get("preset") or {}).get("levels", {})
     if levels:
         lo, hi = min(levels, key=int), max(levels, key=int)
         p50, p95 = levels[lo]["ttfa_ms"]["p50"], levels[hi]["ttfa_ms"]["p95"]
@@ -436,7 +466,7 @@ def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         for what, target in (("TTFA p50 at 1 session", "<= 150 ms"), ("TTFA p95 at 16 sessions", "<= 300 ms"),
                              ("playback underruns at 16 sessions", "0")):
             add(what, None, target, False)
-    rows = [] if _failed(result.get("decode")) else result["decode"]
+    rows = [] if _failed(result.get("decode")) else (result.get("decode") or [])
     b_max = max((r["batch"] for r in rows), default=32)
     talker, thinker = _step_ms(rows, CODEC_LM, b_max), _step_ms(rows, THINKER, 1)
     add(f"talker ms/step at batch {b_max}" + (f" (ctx {talker['context']})" if talker else ""),
@@ -470,11 +500,11 @@ def table(result: dict[str, Any]) -> str:
     if err("preset"):
         out.append(f"preset failed: {err('preset')}")
     else:
-        out += ["| sessions | answers | failed | TTFA p50 ms | TTFA p95 ms | TTFA max ms | underruns | underrun ms |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        out += ["| sessions | answers | failed | thinker 1st text p50 ms | TTFA p50 ms | TTFA p95 ms | TTFA max ms | underruns | underrun ms |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for lv in result["preset"]["levels"].values():
-            t = lv["ttfa_ms"]
-            out.append(f"| {lv['sessions']} | {lv['answers']} | {lv['failures']} | {t['p50']} | {t['p95']} | {t['max']} | "
+            t, first = lv["ttfa_ms"], (lv.get("first_text_ms") or {}).get("p50", "-")
+            out.append(f"| {lv['sessions']} | {lv['answers']} | {lv['failures']} | {first} | {t['p50']} | {t['p95']} | {t['max']} | "
                        f"{lv['underruns_total']} | {lv['underrun_ms_total']} |")
     out += ["", "| target | measured | target | met |", "|---|---:|---:|---|"]
     for t in result.get("targets") if not _failed(result.get("targets")) else []:
@@ -488,15 +518,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, batch 1/2, context 64/128, 1-2 sessions")
     ap.add_argument("--device", default=None, help="default: cuda (cpu with --smoke)")
     ap.add_argument("--out", default=None, help="JSON path (default latency_bench/results/gpu[-smoke].json)")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated subset of {','.join(SECTIONS)} (a rerun of what a cut run missed)")
     args = ap.parse_args(argv)
+    sections = tuple(x.strip() for x in args.sections.split(",") if x.strip())
+    if unknown := set(sections) - set(SECTIONS):
+        raise SystemExit(f"--sections: unknown {', '.join(sorted(unknown))} (choose from {', '.join(SECTIONS)})")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # the engines' own INFO lines (CUDA graphs captured or not, attention chosen) belong in the run's log
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("omni_rt.engine").setLevel(logging.INFO)
     plan = SMOKE if args.smoke else FULL
     if args.device:
         plan = Plan(**{**asdict(plan), "device": args.device})
     if torch.device(plan.device).type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run `python -m latency_bench.gpu --smoke` on CPU")
     out = Path(args.out) if args.out else report.RESULTS_DIR / ("gpu-smoke.json" if args.smoke else "gpu.json")
-    result = run(plan, args.smoke, out)
+    result = run(plan, args.smoke, out, sections)
     print(table(result))
     print(f"wrote {out}")
     return result
