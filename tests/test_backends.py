@@ -84,6 +84,26 @@ def test_piper_speaks_a_clause(tts) -> None:
     assert tts.synthesize("").size == 0
 
 
+def test_piper_streams_a_clause_in_pieces_that_join_to_the_whole_graphs_audio() -> None:
+    """The voice cut in two (front + waveform decoder) gives the whole graph's samples, and ``stream`` sends the
+    first ~0.35 s of a clause before the rest is decoded; its pieces joined are the clause, sample for sample."""
+    from omni_rt.backends.tts_piper import PiperTTS
+
+    whole = PiperTTS(noise_scale=0.0, noise_w_scale=0.0)
+    split = PiperTTS(noise_scale=0.0, noise_w_scale=0.0, streaming=True)
+    assert split.streaming and not whole.streaming
+    text = "The capital of France is Paris. It sits on the Seine."
+    reference = whole.synthesize(text)
+    assert np.abs(split.synthesize(text) - reference).max() < 1e-4
+    pieces = list(split.stream(text, first_s=0.35))
+    assert len(pieces) == 3, [len(p) for p in pieces]  # first 0.35 s, the rest of sentence one, sentence two
+    assert len(pieces[0]) == int(0.35 * split.sample_rate / split.hop) * split.hop
+    assert np.abs(np.concatenate(pieces) - reference).max() < 1e-4
+    assert len(list(split.stream("Yes.", first_s=2.0))) == 1  # shorter than the first piece: whole
+    with pytest.raises(ValueError, match="normalize"):
+        PiperTTS(streaming=True, normalize=True)
+
+
 def test_piper_missing_voice_is_a_clear_error(tmp_path: Path) -> None:
     from omni_rt.backends.tts_piper import PiperTTS
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import queue
 
+import numpy as np
+
 import pytest
 
 from omni_rt.contracts.payloads import Clause, TextDelta
@@ -90,3 +92,36 @@ def test_arrival_order_is_the_ablation_it_names(talker):
     out = long_then_new(PiperTalker(talker.tts, clause_order="arrival"))
     spoken = [rid for rid, kind, _ in out if kind == "stream"]
     assert spoken.index("new") == spoken.count("long"), spoken  # the newcomer waits for the whole long answer
+
+
+def test_a_streamed_first_clause_sends_its_start_first_and_keeps_each_answers_audio_in_order():
+    """With ``first_piece_s`` an answer's first clause leaves in two pieces (its first 0.35 s, then the rest,
+    ``continued``); a new answer's first piece goes ahead of the long answer's rest, and within each answer the
+    rest comes before its next clause, the audio joining to the whole clause."""
+    streaming = create_piper_talker(first_piece_s=0.35)
+    tts = streaming.tts
+    out = []
+    streaming.set_stream_sources(["thinker"])
+    feed(streaming, "long", LONG)
+    feed(streaming, "new", "Blue is my favourite colour.")
+    streaming.start()
+    try:
+        until = {"long", "new"}
+        while until:
+            msg = streaming.outbox.get(timeout=60)
+            if msg.type == "stream":
+                out.append((msg.request_id, msg.data))
+            elif msg.type in ("result", "error"):
+                until.discard(msg.request_id)
+    finally:
+        streaming.stop()
+    order = [(rid, c.continued) for rid, c in out]
+    assert order[:3] == [("long", False), ("new", False), ("long", True)], order  # the newcomer's start goes first
+    for rid, text in (("long", LONG), ("new", "Blue is my favourite colour.")):
+        clauses = [c for r, c in out if r == rid]
+        assert clauses[1].continued and clauses[1].text == "" and not any(c.continued for c in clauses[2:]), order
+        assert len(clauses[0].audio) == int(0.35 * tts.sample_rate / tts.hop) * tts.hop
+        assert " ".join(c.text for c in clauses if c.text).split() == text.split()
+        first_clause = np.concatenate([clauses[0].audio, clauses[1].audio])
+        assert abs(len(first_clause) - len(tts.synthesize(clauses[0].text))) < tts.sample_rate // 2  # noisy voice: ~ length
+    assert streaming.live_state() == 0

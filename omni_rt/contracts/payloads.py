@@ -67,11 +67,13 @@ class SpeechPrompt:
 # ---- talker -> vocoder / client -------------------------------------------------------------------
 @dataclass(slots=True)
 class Clause:
-    """One spoken clause: its text and its waveform at the talker's native rate."""
+    """One spoken clause: its text and its waveform at the talker's native rate. A talker that streams a clause
+    sends its audio in pieces: the first carries the text, each later one ``continued=True`` (text ``""``)."""
 
     text: str
     audio: np.ndarray
     sample_rate: int
+    continued: bool = False
 
     @property
     def duration_ms(self) -> float:

@@ -159,7 +159,8 @@ class ResponseLifecycle:
             except ProtocolError as exc:  # the conversation is full: the answer fails (never an unlisted item)
                 self._fail_running(resp, exc)
         elif role == "clauses" and resp.speaks and isinstance(data, c.Clause):
-            resp.item.clause_ms.append((int(resp.clause_start_ms), data.text))
+            if not data.continued:  # a later piece of a streamed clause only lengthens it
+                resp.item.clause_ms.append((int(resp.clause_start_ms), data.text))
             resp.clause_start_ms += data.duration_ms
         elif role == "audio" and resp.speaks and isinstance(data, c.PcmChunk):
             pcm = encoder.encode(pcm16_to_float(data.pcm)) if encoder is not None else data.pcm

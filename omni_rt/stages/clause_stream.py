@@ -9,7 +9,8 @@ first clause ahead of later clauses of answers already playing."""
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections import deque
+from typing import Any, Callable
 
 from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
 from omni_rt.stages.clause_splitter import ClauseSplitter
@@ -61,7 +62,21 @@ class ClauseStreamWorker(StreamingSimpleScheduler):
             due = user["first_due"] + user["words_before"] * SPEECH_S_PER_WORD if self.clause_order == "due" else arrived
             user["spoken"].append(clause)
             user["words_before"] += len(clause.split())
-            self.defer(request_id, state, functools.partial(self.on_clauses, request_id, state, [clause]), due=due)
+            self.queue_speech(request_id, state, functools.partial(self.on_clauses, request_id, state, [clause]), due)
+
+    def queue_speech(self, request_id: str, state: StreamState, run: Callable[[], Any], due: float,
+                     continues: bool = False) -> None:
+        """Queue one unit of an answer's speech, due at ``due``. Answers are served earliest-due first, but one
+        answer's units always run in its own order: each deferred slot runs the answer's next unit, so a unit
+        queued late with an early due cannot overtake audio queued before it. ``continues``: the rest of the
+        clause being spoken, ahead of the answer's queued clauses."""
+        units: deque[Callable[[], Any]] = state.user.setdefault("units", deque())
+        units.appendleft(run) if continues else units.append(run)
+        self.defer(request_id, state, functools.partial(self._next_unit, state), due=due)
+
+    @staticmethod
+    def _next_unit(state: StreamState) -> None:
+        state.user["units"].popleft()()
 
     def on_stream_chunk(self, request_id: str, state: StreamState, data: Any, source: str | None) -> None:
         text = text_of(data)
