@@ -501,11 +501,13 @@ def create_asr_stage(
     random_init: bool = False,
     random_size: str = "full",
     vad_sound_end_ratio: float | None = None,
+    min_window_s: float | None = None,
 ) -> AsrWorker:
     """Factory for the pipeline config: the preset names the backend and model.
 
     ``max_batch``: sessions decoded together (one ``transcribe_batch``); default 8 on a GPU, where more rows
     cost little next to the encoder's fixed 30 s window, and CPU_MAX_BATCH on CPU (see there).
+    ``min_window_s`` (faster-whisper): the shortest encoder window (``FasterWhisperASR``; None: its default).
     ``vad_sound_end_ratio``: where a turn's silence starts counting (``omni_rt.backends.vad.ENERGY_END_RATIO``;
     0 = at Silero's last speech frame, the ablation).
     ``random_init`` (transformers backend): random weights of ``model``'s real shape
@@ -513,12 +515,15 @@ def create_asr_stage(
     """
     from omni_rt.backends.vad import SileroVadModel
 
+    if min_window_s is not None and backend != "faster-whisper":
+        raise ValueError(f"stage 'asr' field 'min_window_s': only the faster-whisper backend has an encoder window, not '{backend}'")
     if random_init and backend != "transformers":
         raise ValueError(f"stage 'asr' field 'random_init': only the transformers backend builds random weights, not '{backend}'")
     if backend == "faster-whisper":
         from omni_rt.backends.whisper import FasterWhisperASR
 
-        transcriber: Transcriber = FasterWhisperASR(model_dir=model, compute_type=compute_type, cpu_threads=cpu_threads)
+        window = {} if min_window_s is None else {"min_window_s": min_window_s}
+        transcriber: Transcriber = FasterWhisperASR(model_dir=model, compute_type=compute_type, cpu_threads=cpu_threads, **window)
     elif backend == "transformers":
         import torch
 
