@@ -346,13 +346,20 @@ class AsrWorker(SessionScheduler):
 
     # ---- semantic_vad and idle timeout -------------------------------------------------------------
     def _likely_end(self, st: AsrState) -> bool:
-        """server_vad: any pause past ``speculative_after_ms``; semantic_vad: the turn's end (per the verdict) is near."""
+        """server_vad: any pause past ``speculative_after_ms``; semantic_vad: the turn's end (per the verdict) is
+        near, or, for a session alone on the server, the verdict ends the turn at all (a held answer wasted on a
+        pause that speech resumes after then delays nobody, and an unsure verdict's answer starts at the verdict
+        instead of ``semantic_announce_lead_ms`` before the end: most complete turns that end at the second look
+        started their answer at 300 ms of silence, the verdict having been in since ~190 ms)."""
         sem = st.td.semantic
         if sem is None:
             return True
+        if st.seg.vad.sound_silence_ms < SCORE_AFTER_MS:
+            return False
+        if len(self.sessions) == 1 and st.verdict.decided(sem):
+            return True
         # a decode (and the held answer) starts this long before the turn would end on the current verdict
-        return (st.seg.vad.sound_silence_ms >= SCORE_AFTER_MS
-                and st.seg.vad.silence_ms >= st.verdict.end_silence_ms(sem) - self.semantic_announce_lead_ms)
+        return st.seg.vad.silence_ms >= st.verdict.end_silence_ms(sem) - self.semantic_announce_lead_ms
 
     def _announce(self, sid: str, st: AsrState, text: str, asr_ms: float) -> None:
         """Let the session start the held answer from the speculative transcript."""
