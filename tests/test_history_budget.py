@@ -136,6 +136,32 @@ async def test_long_session_of_big_turns_stays_answered_on_llama_cpp(live_server
     assert history["context_tokens"] == 1024, history  # llama-server's own slot n_ctx (/props): per-slot KV
 
 
+def test_the_conversation_bound_trims_old_turns_but_never_the_instructions_or_the_newest_message(tokenizer):
+    """``conversation_tokens``: the turns after the instructions stay within the bound (trimmed in the same big
+    steps), long instructions are kept whole, and a newest message longer than the bound is still answered."""
+    bound = 160
+    w = HistoryWindow(tokenizer, 8192, kv_tokens=8192, slots=8, conversation_tokens=bound)
+    plain = HistoryWindow(tokenizer, 8192, kv_tokens=8192, slots=8)
+    system = {"role": "system", "content": big_turn(0, 200)}  # ~200 tokens of instructions: over the bound alone
+    fixed = w.cost(system, w.prompt_budget(96))
+    msgs, kept_turns = [system], []
+    for turn in range(12):
+        msgs.append({"role": "user", "content": f"What should I plant next, part {turn}?"})
+        kept, ids = w.fit("s", msgs, w.prompt_budget(96))
+        assert kept[0] == system and kept[-1] == msgs[-1]
+        assert len(ids) <= fixed + bound + 8, (turn, len(ids))  # a render's template tokens beyond the estimate
+        kept_turns.append(len(kept) - 1)
+        msgs.append({"role": "assistant", "content": f"Plant basil and some marigolds, answer {turn}."})
+    assert max(kept_turns) < 12 and min(kept_turns[4:]) >= 2, kept_turns  # trimmed, keeping a few turns
+    assert len(plain.fit("s", msgs[:-1], plain.prompt_budget(96))[0]) == len(msgs) - 1  # unbounded: all kept
+    long_question = {"role": "user", "content": big_turn(1, 150)}  # itself over the bound
+    kept, ids = w.fit("s", msgs + [long_question], w.prompt_budget(96))
+    assert kept == [system, long_question] and len(ids) <= w.prompt_budget(96)
+    assert "at most 160 of conversation" in w.describe()
+    with pytest.raises(ValueError, match="conversation_tokens"):
+        HistoryWindow(tokenizer, 8192, conversation_tokens=4)
+
+
 def test_short_requests_take_lower_llama_slots_than_heavy_prefills(tokenizer):
     """llama-server fills each batch slot by slot in slot order: a short new part must sit below a heavy one."""
     from omni_rt.engine.llama_cpp_thinker import LlamaCppThinker

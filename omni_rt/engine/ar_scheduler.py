@@ -92,6 +92,7 @@ class ARScheduler(ThreadedScheduler):
         prefill_chunk_tokens: int | None = None,
         prefill_tokens_while_decoding: int | None = None,
         history_tokens: int | None = None,
+        conversation_tokens: int | None = None,
         short_priority_tokens: int = 1,
     ) -> None:
         """``sampling``: the preset's default sampling keys (a request's own keys win); ``answer_policy``: the
@@ -107,7 +108,8 @@ class ARScheduler(ThreadedScheduler):
         the thinker about evenly instead of every answer's next token waiting behind a full chunk (measured
         with ``latency_bench.soak``: 32 / 8 instead of 64 / 16 gave the bystander nothing more beside the
         hold below and slowed the heavy session's turns). ``history_tokens`` overrides a session's share of
-        the KV (see ``omni_rt.engine.history``). ``short_priority_tokens``: while a short request is waiting, prefilling
+        the KV, ``conversation_tokens`` bounds the conversation kept after the instructions (see
+        ``omni_rt.engine.history``). ``short_priority_tokens``: while a short request is waiting, prefilling
         or has sampled fewer than this many tokens, long prompts wait (``_held_back``); 1 = only until its
         first token."""
         super().__init__()
@@ -127,7 +129,7 @@ class ARScheduler(ThreadedScheduler):
         self.inputs = SequenceBuilder(
             tokenizer, vocab_size=engine.vocab_size, max_seq_len=engine.max_seq_len, slots=engine.max_batch_size,
             model_eos_ids=engine.eos_token_ids, name=name, kv_budget_tokens=kv_budget_tokens,
-            history_tokens=history_tokens, default_max_tokens=default_max_tokens, sampling=sampling,
+            history_tokens=history_tokens, conversation_tokens=conversation_tokens, default_max_tokens=default_max_tokens, sampling=sampling,
             answer_policy=answer_policy, languages=languages,
         )
         self.history = self.inputs.history  # the session token budget (read by cache_state, tests, the session)

@@ -58,6 +58,7 @@ def create_ar_scheduler(
     languages: list[str] | None = None,
     prefill_chunk_tokens: int | None = None,
     history_tokens: int | None = None,
+    conversation_tokens: int | None = None,
     short_priority_tokens: int = 1,
     random_init: bool = False,
     random_size: str = "full",
@@ -68,7 +69,8 @@ def create_ar_scheduler(
     overrides where ``scheduler.tokenizer`` comes from. ``sampling`` / ``answer_policy`` / ``languages``:
     the preset's decoding defaults, voice answer policy and the talker's languages (see ``ARScheduler``).
     ``history_tokens``: the prompt tokens one session may keep (default: its share of ``kv_budget_tokens``
-    over ``max_batch_size`` slots, at most the context; ``omni_rt.engine.history``). ``short_priority_tokens``
+    over ``max_batch_size`` slots, at most the context; ``omni_rt.engine.history``); ``conversation_tokens``: the
+    most conversation a prompt keeps after the instructions (every backend with a local tokenizer). ``short_priority_tokens``
     (torch and llama.cpp): a short request holds long prefills back until it has this many tokens.
 
     ``llama.cpp`` runs ``model`` ("smollm2" = the packaged weights widened to F16, ``omni_rt.engine.smollm2``; or a ``.gguf`` path) on a managed
@@ -104,6 +106,7 @@ def create_ar_scheduler(
                 tokenizer=_try_tokenizer(tokenizer or (model if model == "smollm2" else None)),
                 default_max_tokens=default_max_tokens,
                 history_tokens=history_tokens,
+                conversation_tokens=conversation_tokens,
                 short_priority_tokens=short_priority_tokens,
                 **quality,
                 **llama_args,
@@ -161,6 +164,7 @@ def create_ar_scheduler(
             **quality,
             prefill_chunk_tokens=prefill_chunk_tokens,
             history_tokens=history_tokens,
+            conversation_tokens=conversation_tokens,
             short_priority_tokens=short_priority_tokens,
         )
     if backend == "remote":
@@ -176,6 +180,7 @@ def create_ar_scheduler(
             name=name,
             default_max_tokens=default_max_tokens,
             history_tokens=history_tokens,
+            conversation_tokens=conversation_tokens,
             **quality,
             **backend_kwargs,
         )

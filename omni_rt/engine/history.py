@@ -8,11 +8,15 @@ of the KV the engine holds for all of them (``kv_tokens // slots``): llama-serve
 over one unified 8192-token KV, so eight sessions answering at once must each stay within 1024 tokens or the
 server runs out of cells mid-batch ("Context size has been exceeded") and evicts the others' cached prefixes.
 ``session_tokens`` overrides the share (a single-user deployment may give its one session the whole context).
+``conversation_tokens`` bounds the conversation kept after the instructions (never the instructions and tools, nor
+the newest message): on llama.cpp's CPU kernels a prompt token's cost grows with the context before it (SmolLM2
+F16, one thread: 4.8 ms a new token with 34 tokens cached, 13.7 with 424, 22.8 with 844; decode 24, 32, 42 ms),
+so a voice conversation's turns slow down as it grows unless its history is bounded.
 
 Trimming (``fit``): the leading system message(s) are kept, the oldest turns dropped, in big steps remembered
 per session, so the kept prefix — and the KV cached for it — stays the same for several turns: the cut moves
-only when the prompt no longer fits, and then far enough (to ``TRIM_KEEP`` of the budget) that the next turns
-fit untrimmed. Each message is priced (length first, then tokens, newest first) before the whole prompt is
+only when the prompt no longer fits, and then far enough (to ``TRIM_KEEP`` of the room the instructions leave)
+that the next turns fit untrimmed. Each message is priced (length first, then tokens, newest first) before the whole prompt is
 tokenised, so a huge item never costs more than a length check. Every move of the cut is logged and counted
 (``state()``, shown in ``/debug/state``).
 """
@@ -28,7 +32,7 @@ from omni_rt.engine.prefix_cache import reusable_len
 log = logging.getLogger(__name__)
 
 MSG_OVERHEAD_TOKENS = 8  # chat-template tokens around one message (ChatML: <|im_start|>role\n ... <|im_end|>\n)
-TRIM_KEEP = 0.6  # a trim keeps at most this share of the budget, leaving room for turns to come untrimmed
+TRIM_KEEP = 0.6  # a trim keeps at most this share of the room the instructions leave, so turns to come fit untrimmed
 _REMEMBER = 4096  # sessions whose cut is remembered
 _REPORTED = 64  # sessions listed in state() (the most recently trimmed)
 
@@ -46,9 +50,13 @@ class PromptTooLong(ValueError):
 
 class HistoryWindow:
     def __init__(self, tokenizer: Any, context_tokens: int, *, kv_tokens: int | None = None, slots: int = 1,
-                 session_tokens: int | None = None, name: str = "thinker") -> None:
+                 session_tokens: int | None = None, conversation_tokens: int | None = None, name: str = "thinker") -> None:
         """``context_tokens``: what one request may hold (the engine's ``max_seq_len``, llama-server's slot
-        ``n_ctx``); ``kv_tokens`` / ``slots``: the KV all sessions share and how many answer at once."""
+        ``n_ctx``); ``kv_tokens`` / ``slots``: the KV all sessions share and how many answer at once;
+        ``conversation_tokens``: the most conversation (after the instructions) a prompt keeps."""
+        if conversation_tokens is not None and conversation_tokens < 8:
+            raise ValueError(f"conversation_tokens must be >= 8, got {conversation_tokens}")
+        self.conversation_tokens = conversation_tokens
         if context_tokens < 8:
             raise ValueError(f"context_tokens must be >= 8, got {context_tokens}")
         self.tokenizer = tokenizer
@@ -89,7 +97,8 @@ class HistoryWindow:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def describe(self) -> str:
-        return f"{self.session_tokens} tokens per session ({self.share_source})"
+        conv = f", at most {self.conversation_tokens} of conversation" if self.conversation_tokens else ""
+        return f"{self.session_tokens} tokens per session ({self.share_source}){conv}"
 
     # ------------------------------------------------------------------ trimming
     def cost(self, m: dict[str, Any], budget: int) -> int:
@@ -121,6 +130,8 @@ class HistoryWindow:
             raise PromptTooLong(
                 f"the newest message and the instructions need about {fixed + newest} tokens; the thinker leaves "
                 f"{budget} for the prompt ({self.describe()}, minus the answer)")
+        # the conversation bound trims like the budget, but never refuses: the newest message always fits
+        hard, budget = budget, min(budget, fixed + max(self.conversation_tokens or budget, newest))
         drop = 0
         remembered = self._cut.get(sid) if sid else None
         if remembered is not None and remembered[0] < len(rest) and _msg_key(rest[remembered[0]]) == remembered[1]:
@@ -133,7 +144,7 @@ class HistoryWindow:
                 break
             keep_from = i
         if keep_from > drop:  # does not fit from the remembered point: trim in one big step
-            total, keep_from, target = fixed + newest, len(rest) - 1, int(budget * TRIM_KEEP)
+            total, keep_from, target = fixed + newest, len(rest) - 1, fixed + int((budget - fixed) * TRIM_KEEP)
             for i in range(len(rest) - 2, -1, -1):
                 total += self.cost(rest[i], budget)
                 if total > max(target, fixed + newest):
@@ -148,9 +159,9 @@ class HistoryWindow:
             if len(ids) <= budget or keep_from >= len(rest) - 1:
                 break
             keep_from += 1  # the estimate was short (template overhead): drop one more
-        if len(ids) > budget:
+        if len(ids) > hard:
             self.counters["refused_prompts"] += 1
-            raise PromptTooLong(f"prompt of {len(ids)} tokens does not fit the budget of {budget} tokens ({self.describe()})")
+            raise PromptTooLong(f"prompt of {len(ids)} tokens does not fit the budget of {hard} tokens ({self.describe()})")
         if sid:
             self._remember(sid, keep_from, rest, len(ids), budget)
         return kept, ids

@@ -117,7 +117,8 @@ class LlamaCppThinker(RemoteThinker):
         self.server.start()
         if self.tokenizer is not None:  # the server's real slot context and its KV shared by all slots
             self.history = HistoryWindow(self.tokenizer, self.server.slot_context, kv_tokens=self.server.ctx_size,
-                                         slots=self.server.parallel, session_tokens=self.history_tokens, name=self.name)
+                                         slots=self.server.parallel, session_tokens=self.history_tokens,
+                                         conversation_tokens=self.conversation_tokens, name=self.name)
             log.info("%s: llama-server slot context %d tokens, %d slots over %d KV tokens: history budget %s",
                      self.name, self.server.slot_context, self.server.parallel, self.server.ctx_size,
                      self.history.describe())

@@ -157,9 +157,12 @@ class RemoteThinker(AsyncStreamScheduler):
         languages: list[str] | None = None,
         context_tokens: int | None = None,
         history_tokens: int | None = None,
+        conversation_tokens: int | None = None,
     ) -> None:
         """``context_tokens``: the upstream's context per request, when known; with a local tokenizer the
-        history is then trimmed to it (or to ``history_tokens``) before it is sent (``omni_rt.engine.history``)."""
+        history is then trimmed to it (or to ``history_tokens``; the conversation after the instructions to
+        ``conversation_tokens``) before it is sent (``omni_rt.engine.history``)."""
+        self.conversation_tokens = conversation_tokens
         super().__init__(
             name=name, default_max_tokens=default_max_tokens, tokenizer=tokenizer, sampling=sampling,
             answer_policy=answer_policy, languages=languages,
@@ -175,7 +178,8 @@ class RemoteThinker(AsyncStreamScheduler):
         self._timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=10.0, pool=10.0)
         self._client: httpx.AsyncClient | None = None
         if tokenizer is not None and (context_tokens or history_tokens):
-            self.history = HistoryWindow(tokenizer, int(context_tokens or history_tokens), session_tokens=history_tokens, name=name)
+            self.history = HistoryWindow(tokenizer, int(context_tokens or history_tokens), session_tokens=history_tokens,
+                                         conversation_tokens=conversation_tokens, name=name)
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -36,6 +36,7 @@ class SequenceBuilder:
         kv_budget_tokens: int,
         history_tokens: int | None,
         default_max_tokens: int,
+        conversation_tokens: int | None = None,
         sampling: dict[str, Any] | None,
         answer_policy: dict[str, Any] | None,
         languages: list[str] | None,
@@ -53,7 +54,8 @@ class SequenceBuilder:
             eos.add(tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         self.history = HistoryWindow(tokenizer, max_seq_len, kv_tokens=kv_budget_tokens, slots=slots,
-                                     session_tokens=history_tokens, name=name) if tokenizer is not None else None
+                                     session_tokens=history_tokens, conversation_tokens=conversation_tokens,
+                                     name=name) if tokenizer is not None else None
 
     def build(self, rid: str, data: Any) -> Sequence:
         """The request's sequence, without its tool stream (``ToolDecoding.stream_for`` adds that)."""
