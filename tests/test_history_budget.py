@@ -157,7 +157,7 @@ def test_the_conversation_bound_trims_old_turns_but_never_the_instructions_or_th
     long_question = {"role": "user", "content": big_turn(1, 150)}  # itself over the bound
     kept, ids = w.fit("s", msgs + [long_question], w.prompt_budget(96))
     assert kept == [system, long_question] and len(ids) <= w.prompt_budget(96)
-    assert "at most 160 of conversation" in w.describe()
+    assert w.state()["conversation_tokens"] == 160
     with pytest.raises(ValueError, match="conversation_tokens"):
         HistoryWindow(tokenizer, 8192, conversation_tokens=4)
 

@@ -97,8 +97,7 @@ class HistoryWindow:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def describe(self) -> str:
-        conv = f", at most {self.conversation_tokens} of conversation" if self.conversation_tokens else ""
-        return f"{self.session_tokens} tokens per session ({self.share_source}){conv}"
+        return f"{self.session_tokens} tokens per session ({self.share_source})"  # in client errors: kept short
 
     # ------------------------------------------------------------------ trimming
     def cost(self, m: dict[str, Any], budget: int) -> int:
@@ -205,6 +204,7 @@ class HistoryWindow:
     def state(self) -> dict[str, Any]:
         """For ``/debug/state``: the budget, trim counters, and the last trim of recently trimmed sessions."""
         return {"session_tokens": self.session_tokens, "context_tokens": self.context_tokens,
+                "conversation_tokens": self.conversation_tokens,
                 "max_item_tokens": self.max_item_tokens, **self.counters,
                 "sessions": {sid: dict(rec) for sid, rec in list(self._trimmed.items())}}
 

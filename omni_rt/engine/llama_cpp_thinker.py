@@ -119,9 +119,9 @@ class LlamaCppThinker(RemoteThinker):
             self.history = HistoryWindow(self.tokenizer, self.server.slot_context, kv_tokens=self.server.ctx_size,
                                          slots=self.server.parallel, session_tokens=self.history_tokens,
                                          conversation_tokens=self.conversation_tokens, name=self.name)
-            log.info("%s: llama-server slot context %d tokens, %d slots over %d KV tokens: history budget %s",
-                     self.name, self.server.slot_context, self.server.parallel, self.server.ctx_size,
-                     self.history.describe())
+            log.info("%s: llama-server slot context %d tokens, %d slots over %d KV tokens: history budget %s, "
+                     "conversation kept %s tokens", self.name, self.server.slot_context, self.server.parallel,
+                     self.server.ctx_size, self.history.describe(), self.conversation_tokens or "all")
         super().start()
 
     def stop(self) -> None:
