@@ -297,7 +297,8 @@ async def one_answer(coord, rid: str, plan: Plan, seed: int) -> dict[str, Any]:
         async with contextlib.aclosing(coord.stream(rid, payload, entry=coord.roles.response)) as items:
             async for item in items:
                 if isinstance(item, StreamItem) and item.stage == text_stage and not deltas:
-                    first_text = item.t if first_text is None else first_text
+                    if first_text is None:
+                        first_text = item.t
                     text_before_audio += text_of(item.data)
                 if isinstance(item, StreamItem) and item.stage == audio_stage:
                     deltas.append((item.t, item.data.samples))  # stamped when the vocoder's chunk left the stage

@@ -93,15 +93,16 @@ class PiperTTS:
             raise ValueError("PiperTTS: streaming needs normalize=False (peak normalization needs the whole sentence)")
         parts = split_voice(model_path) if streaming else None
         if streaming and parts is None:
-            raise ValueError(f"Piper voice {model_path}: no node {DECODER_INPUT_NODE!r} to stream from (not a Piper VITS export)")
+            raise ValueError(f"Piper voice {model_path}: no node {DECODER_INPUT_NODE!r} to stream from "
+                             "(not a Piper VITS export)")
         whole = str(model_path) if parts is None else parts[0]  # the front graph when streaming
-        self.voice = PiperVoice(session=ort.InferenceSession(whole, sess_options=opts, providers=providers), config=config)
+        self.voice = PiperVoice(session=ort.InferenceSession(whole, sess_options=opts, providers=providers),
+                                config=config)
         self._decoder = None if parts is None else ort.InferenceSession(parts[1], sess_options=opts, providers=providers)
         self._latent = None if parts is None else parts[2]
         self.voice_path = model_path
         self.sample_rate: int = int(config.sample_rate)
         self.hop = int(config.hop_length)  # waveform samples per latent frame
-        self.normalize = normalize
         self._syn = SynthesisConfig(normalize_audio=normalize, volume=volume, length_scale=length_scale,
                                     noise_scale=noise_scale, noise_w_scale=noise_w_scale)
 
@@ -130,26 +131,15 @@ class PiperTTS:
         for phonemes in self.voice.phonemize(text):
             if not phonemes:
                 continue
-            latent = self.voice.session.run(None, self._front_inputs(self.voice.phonemes_to_ids(phonemes)))[0]
+            # the front graph keeps the whole graph's inputs, so piper builds them (scales, speaker) and runs it;
+            # what comes back is the latent frames, batch axis squeezed
+            latent = self.voice.phoneme_ids_to_audio(self.voice.phonemes_to_ids(phonemes), self._syn)[None]
             frames = latent.shape[-1]
             cut = frames if first is None or first + DECODER_CONTEXT_FRAMES >= frames else first
             yield self._decode(latent, 0, cut)
             if cut < frames:
                 yield self._decode(latent, cut, frames)
             first = None  # only the first sentence's start is worth sending early
-
-    def _front_inputs(self, phoneme_ids: list[int]) -> dict[str, np.ndarray]:
-        """The inputs ``PiperVoice.phoneme_ids_to_audio`` builds (single-speaker voices)."""
-        syn, cfg = self._syn, self.voice.config
-        scales = [cfg.noise_scale if syn.noise_scale is None else syn.noise_scale,
-                  cfg.length_scale if syn.length_scale is None else syn.length_scale,
-                  cfg.noise_w_scale if syn.noise_w_scale is None else syn.noise_w_scale]
-        ids = np.asarray([phoneme_ids], dtype=np.int64)
-        feeds = {"input": ids, "input_lengths": np.asarray([ids.shape[1]], dtype=np.int64),
-                 "scales": np.asarray(scales, dtype=np.float32)}
-        if cfg.num_speakers > 1:
-            feeds["sid"] = np.asarray([cfg.default_speaker_id if syn.speaker_id is None else syn.speaker_id], dtype=np.int64)
-        return feeds
 
     def _decode(self, latent: np.ndarray, start: int, end: int) -> np.ndarray:
         """Waveform samples of latent frames ``[start, end)``, decoded with context on each side."""

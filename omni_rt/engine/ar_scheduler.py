@@ -129,7 +129,8 @@ class ARScheduler(ThreadedScheduler):
         self.inputs = SequenceBuilder(
             tokenizer, vocab_size=engine.vocab_size, max_seq_len=engine.max_seq_len, slots=engine.max_batch_size,
             model_eos_ids=engine.eos_token_ids, name=name, kv_budget_tokens=kv_budget_tokens,
-            history_tokens=history_tokens, conversation_tokens=conversation_tokens, default_max_tokens=default_max_tokens, sampling=sampling,
+            history_tokens=history_tokens, conversation_tokens=conversation_tokens,
+            default_max_tokens=default_max_tokens, sampling=sampling,
             answer_policy=answer_policy, languages=languages,
         )
         self.history = self.inputs.history  # the session token budget (read by cache_state, tests, the session)

@@ -16,8 +16,8 @@ so a voice conversation's turns slow down as it grows unless its history is boun
 Trimming (``fit``): the leading system message(s) are kept, the oldest turns dropped, in big steps remembered
 per session, so the kept prefix — and the KV cached for it — stays the same for several turns: the cut moves
 only when the prompt no longer fits, and then far enough (to ``TRIM_KEEP`` of the room the instructions leave)
-that the next turns fit untrimmed. Each message is priced (length first, then tokens, newest first) before the whole prompt is
-tokenised, so a huge item never costs more than a length check. Every move of the cut is logged and counted
+that the next turns fit untrimmed. Each message is priced (length first, then tokens, newest first) before the
+whole prompt is tokenised, so a huge item never costs more than a length check. Every move of the cut is logged and counted
 (``state()``, shown in ``/debug/state``).
 """
 
@@ -50,7 +50,8 @@ class PromptTooLong(ValueError):
 
 class HistoryWindow:
     def __init__(self, tokenizer: Any, context_tokens: int, *, kv_tokens: int | None = None, slots: int = 1,
-                 session_tokens: int | None = None, conversation_tokens: int | None = None, name: str = "thinker") -> None:
+                 session_tokens: int | None = None, conversation_tokens: int | None = None,
+                 name: str = "thinker") -> None:
         """``context_tokens``: what one request may hold (the engine's ``max_seq_len``, llama-server's slot
         ``n_ctx``); ``kv_tokens`` / ``slots``: the KV all sessions share and how many answer at once;
         ``conversation_tokens``: the most conversation (after the instructions) a prompt keeps."""
@@ -160,7 +161,8 @@ class HistoryWindow:
             keep_from += 1  # the estimate was short (template overhead): drop one more
         if len(ids) > hard:
             self.counters["refused_prompts"] += 1
-            raise PromptTooLong(f"prompt of {len(ids)} tokens does not fit the budget of {hard} tokens ({self.describe()})")
+            raise PromptTooLong(f"prompt of {len(ids)} tokens does not fit the budget of {hard} tokens "
+                                f"({self.describe()})")
         if sid:
             self._remember(sid, keep_from, rest, len(ids), budget)
         return kept, ids

@@ -162,7 +162,6 @@ class RemoteThinker(AsyncStreamScheduler):
         """``context_tokens``: the upstream's context per request, when known; with a local tokenizer the
         history is then trimmed to it (or to ``history_tokens``; the conversation after the instructions to
         ``conversation_tokens``) before it is sent (``omni_rt.engine.history``)."""
-        self.conversation_tokens = conversation_tokens
         super().__init__(
             name=name, default_max_tokens=default_max_tokens, tokenizer=tokenizer, sampling=sampling,
             answer_policy=answer_policy, languages=languages,
@@ -170,6 +169,7 @@ class RemoteThinker(AsyncStreamScheduler):
         if dialect not in ("openai", "llama.cpp"):
             raise ValueError(f"dialect must be 'openai' or 'llama.cpp', got {dialect!r}")
         self.dialect = dialect
+        self.conversation_tokens = conversation_tokens  # the llama.cpp subclass builds its window at start
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.retries = retries
