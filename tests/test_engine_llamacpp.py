@@ -197,6 +197,39 @@ def test_abort_mid_answer_stops_upstream(sched):
     assert wait_until(lambda: sched.live_state() == 0)
 
 
+def test_an_answer_ahead_of_its_playback_steps_out_for_a_starting_one(binary):
+    """Decode pacing (``omni_rt.engine.decode_pacing``): a long answer whose text is far ahead of its playback
+    leaves llama-server's batch while another answer starts, then resumes in the same slot from the cache
+    (one token re-evaluated, not the prompt) and says exactly what it would have said alone (greedy)."""
+    s = create_ar_scheduler("smollm2", backend="llama.cpp", max_batch_size=2, kv_budget_tokens=4096, cpu_threads=1,
+                            default_max_tokens=60, pace_ahead_s=0.3, short_priority_tokens=6)
+    s.start()
+    try:
+        story = {"messages": _q("Tell me a story about a dragon who lives in a castle."), "max_tokens": 60,
+                 "temperature": 0}
+        alone = _ask(s, "alone", story["messages"], session_id="alone", max_tokens=60, temperature=0)["result"]
+        assert s.pacing["pauses"] == 0, s.pacing  # nobody starting: it never steps out
+        send(s, "paced", {**story, "session_id": "paced"})
+        said = ""
+        while "." not in said:  # a whole sentence (~20 words, ~6 s to say) decoded in ~0.6 s: far ahead
+            msg = s.outbox.get(timeout=30)
+            assert msg.type == "stream", msg
+            said += _chunk_text(msg.data)
+        send(s, "short", {"messages": _q("What is the capital of France?"), "session_id": "short", "max_tokens": 12})
+        got = collect(s, ["paced", "short"], timeout=60)
+        assert got["short"]["error"] is None and got["short"]["result"]["text"], got["short"]
+        assert got["paced"]["error"] is None, got["paced"]["error"]
+        paced = got["paced"]["result"]
+        assert s.pacing["pauses"] >= 1, s.pacing
+        assert s.pacing["resumed_prompt_tokens"] <= 2 * s.pacing["pauses"], s.pacing  # resumed from its cache
+        rest = "".join(_chunk_text(c) for c in got["paced"]["stream"])  # after the sentence read above
+        assert paced["text"] == said + rest and paced["text"] == alone["text"], (paced["text"], alone["text"])
+        assert paced["completion_tokens"] == alone["completion_tokens"], (paced, alone)
+        assert paced["prompt_tokens"] == alone["prompt_tokens"], (paced, alone)  # one answer, not two requests
+    finally:
+        s.stop()
+
+
 def test_two_concurrent_sessions(sched):
     send(sched, "a", {"messages": _q("What is the capital of France?"), "session_id": "a"})
     send(sched, "b", {"messages": _q("How many legs does a spider have?"), "session_id": "b"})

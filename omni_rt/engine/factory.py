@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 # llama.cpp-only stage args: a preset names them beside the args every backend shares, so the same stage can
 # fall back to (or be switched to) another backend; only the llama.cpp branch ever receives them
 _LLAMA_KEYS = ("cache_ram_mib", "read_timeout_s", "batch_tokens", "unified_kv", "prefill_piece_tokens",
-               "cache_reuse_tokens", "extra_args", "llama_cpp_root")
+               "cache_reuse_tokens", "extra_args", "llama_cpp_root", "pace_ahead_s")
 
 
 def _try_tokenizer(source: str | None):

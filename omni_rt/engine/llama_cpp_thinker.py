@@ -14,12 +14,14 @@ import json
 import logging
 import os
 from collections import OrderedDict
+from contextlib import aclosing
 from typing import Any, AsyncIterator, Callable, Sequence
 
 import httpx
 
 from omni_rt.engine.async_stream import Delta, UpstreamError
 from omni_rt.engine.constrained import closed, forced_tools, forces_call
+from omni_rt.engine.decode_pacing import AnswerPace
 from omni_rt.engine.history import HistoryWindow
 from omni_rt.engine.language import steer_messages
 from omni_rt.engine.llama_server import LlamaServer
@@ -88,7 +90,8 @@ class LlamaCppThinker(RemoteThinker):
     broken by a crash fails with an error that says so (the supervisor restarts the server)."""
 
     def __init__(self, server: LlamaServer, history_tokens: int | None = None, heavy_prefill_tokens: int = 64,
-                 prefill_piece_tokens: int | None = None, short_priority_tokens: int = 1, **kwargs: Any) -> None:
+                 prefill_piece_tokens: int | None = None, short_priority_tokens: int = 1,
+                 pace_ahead_s: float | None = None, **kwargs: Any) -> None:
         super().__init__(server.base_url + "/v1", **kwargs)
         self.server = server
         self.history_tokens = history_tokens
@@ -103,6 +106,12 @@ class LlamaCppThinker(RemoteThinker):
             raise ValueError(f"short_priority_tokens must be >= 1, got {short_priority_tokens}")
         self.short_priority_tokens = short_priority_tokens
         self.shorts = ShortPrefills()
+        # an answer this many seconds of text ahead of its playback steps out while another starts
+        # (omni_rt.engine.decode_pacing); None: never
+        if pace_ahead_s is not None and pace_ahead_s <= 0:
+            raise ValueError(f"stage '{self.name}' field 'pace_ahead_s' must be > 0 (or unset), got {pace_ahead_s}")
+        self.pace_ahead_s = pace_ahead_s
+        self.pacing = {"pauses": 0, "resumed_prompt_tokens": 0}  # /debug/state: what the continuations cost
         self.logit_bias = language_logit_bias(self.tokenizer, self.languages)
 
     @property  # type: ignore[override]
@@ -148,14 +157,28 @@ class LlamaCppThinker(RemoteThinker):
         body["timings_per_token"] = True
         return path, body
 
+    def _continued(self, d: Delta, prompt_tokens: int, before: int, cached: int, leg_start: bool) -> None:
+        """A resumed leg's chunk, told as part of the one answer: its usage counts the original prompt and
+        every leg's tokens; what the continuation re-evaluated (its first chunk's timings) goes to ``pacing``."""
+        if leg_start and d.timings:
+            self.pacing["resumed_prompt_tokens"] += int(d.timings.get("prompt_n") or 0)
+        if d.usage:
+            d.usage = {"prompt_tokens": prompt_tokens, "cached_tokens": cached,
+                       "completion_tokens": before + int(d.usage.get("completion_tokens") or 0)}
+
     def _take_slot(self, request_id: str, req: GenRequest) -> tuple[list[int], int] | None:
         """Pick the request's llama-server slot so a short new part goes first in every batch: llama-server
         fills each batch of ``-b`` tokens slot by slot in slot order, so a bystander below a heavy prefill
         gets its prompt and decode tokens into each batch and the prefill takes what is left. A session
-        keeps its last slot (its prefix is there) when that keeps the order; otherwise a short request takes
-        the lowest free slot, a long one (more than ``heavy_prefill_tokens`` new) the highest, among the slots
-        that hold no other session's prefix (``_free_slots_by_cost``). Returns the prompt and how many of its
-        tokens are new when a slot was taken, else None."""
+        keeps its last slot (its prefix is there) whenever it is free; otherwise a short request takes the
+        lowest free slot, a long one (more than ``heavy_prefill_tokens`` new) the highest, among the slots that
+        hold no other session's prefix (``_free_slots_by_cost``). Returns the prompt and how many of its tokens
+        are new when a slot was taken, else None.
+
+        Why a session keeps its slot even out of that order: moved, it re-prefills its whole conversation
+        (150-220 tokens, 1-3 s at eight sessions) and evicts the prefix of the session whose slot it took,
+        which then moves in turn. At 8 sessions x 10 turns that cascade made TTFA p50 3.2 s (llama-server's
+        log: 25 moves, the moved prompts then fed as heavy pieces); keeping the slot, 0.7 s."""
         ids = self.prompt_ids.pop(request_id, None)
         if ids is None or self.history is None:
             return None
@@ -176,7 +199,7 @@ class LlamaCppThinker(RemoteThinker):
         last = self._last_slot.get(sid) if sid else None
         if last is not None and holders[last][0] != sid:
             last = None  # another session has used that slot since: its prefix is there now
-        keep = last in free and not out_of_order(last)
+        keep = last in free
         slot = last if keep else self._free_slots_by_cost(free[::-1] if heavy else free, sid, holders, out_of_order)[0]
         self._slot_of[request_id] = (slot, heavy)
         self._used_slots.add(slot)
@@ -244,6 +267,26 @@ class LlamaCppThinker(RemoteThinker):
         super().close_session(session_id)
         self._last_slot.pop(session_id, None)
 
+    def cache_state(self) -> dict[str, Any]:
+        return {**super().cache_state(), "pacing": dict(self.pacing)}
+
+    def _pace(self, req: GenRequest, taken: tuple[list[int], int] | None, own_prompt: bool) -> AnswerPace | None:
+        """A pace for a spoken answer whose prompt ids and slot are known (a continuation needs both: the
+        ids to send, the slot whose cache holds them); tool turns and token output are never paused."""
+        if (self.pace_ahead_s is None or taken is None or own_prompt or req.tools or req.output != "text"
+                or self.tokenizer is None):
+            return None
+        return AnswerPace(self.pace_ahead_s)
+
+    def _continuation(self, req: GenRequest, prompt: list[int], pace: AnswerPace) -> GenRequest | None:
+        """The rest of a paused answer: its prompt plus its text so far, as a completion in the same slot
+        (``request`` adds the slot); None when its token budget is spent."""
+        left = req.max_tokens - pace.tokens
+        if left < 1:
+            return None
+        said = list(self.tokenizer("".join(pace.text), add_special_tokens=False)["input_ids"])
+        return dataclasses.replace(req, messages=None, prompt_ids=[*prompt, *said], max_tokens=left, tools=None)
+
     def _request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
         if not self._own_tool_prompt(req):
             return super().request(req)
@@ -280,13 +323,38 @@ class LlamaCppThinker(RemoteThinker):
                                         shorts=self.shorts)
             if framed:  # the call's opening was part of the prompt: the parser sees the whole block
                 yield Delta(text=TOOL_OPEN)
-            tokens = 0
-            async for d in super().generate(request_id, req):
-                tokens += bool(d.text or d.token_ids)
-                if short and (tokens >= self.short_priority_tokens or d.finish_reason):
-                    short = False
-                    self.shorts.leave()
-                yield d
+            pace = self._pace(req, taken, own_prompt)
+            leg: GenRequest | None = req
+            tokens, before, cached = 0, 0, 0
+            while leg is not None:
+                stepped_out, leg_start = False, True
+                async with aclosing(super().generate(request_id, leg)) as stream:
+                    async for d in stream:
+                        tokens += bool(d.text or d.token_ids)
+                        if short and (tokens >= self.short_priority_tokens or d.finish_reason):
+                            short = False
+                            self.shorts.leave()
+                        if pace is not None:
+                            pace.feed(d.text)
+                            if leg is req and d.timings and not cached:
+                                cached = int(d.timings.get("cache_n") or 0)
+                            if leg is not req:
+                                self._continued(d, len(taken[0]), before, cached, leg_start and d.timings is not None)
+                                leg_start = leg_start and d.timings is None
+                        yield d
+                        if (pace is not None and not short and not d.finish_reason
+                                and pace.may_step_out(self.shorts.count > 0)):
+                            stepped_out = True
+                            break
+                if not stepped_out:
+                    break
+                await self.shorts.wait_idle(pace.pause_cap_s())
+                before = pace.tokens
+                leg = self._continuation(req, taken[0], pace)
+                pace.resumed()
+                self.pacing["pauses"] += 1
+                if leg is None:
+                    yield Delta(finish_reason="length")
             if framed:
                 yield Delta(text=TOOL_CLOSE)
         except UpstreamError as exc:

@@ -15,11 +15,9 @@ from typing import Any, Callable
 from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
 from omni_rt.stages.clause_splitter import ClauseSplitter
 from omni_rt.contracts.payloads import text_of
+from omni_rt.contracts.rates import SPEECH_S_PER_WORD  # a later clause is due this long per earlier word
 
 
-# A lower bound on how long a word takes to say (Piper's voices and Orpheus speak ~150-170 words a minute, 0.35-0.4
-# s a word): a later clause is due this long per earlier word after the first, so the estimate errs early.
-SPEECH_S_PER_WORD = 0.3
 # "due": earliest-due first (above); "arrival": in the order the text arrived, all sessions in one line (the
 # ablation that shows what the due order buys: latency_bench/presets/fifo_talker.yaml)
 CLAUSE_ORDERS = ("due", "arrival")
