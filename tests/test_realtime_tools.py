@@ -110,6 +110,7 @@ async def test_tool_errors_and_refused_fields(live_server):
             ({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"noise_reduction": {"type": "near_field"}}}}},
              "session.audio.input.noise_reduction"),
             ({"type": "session.update", "session": {"type": "realtime", "truncation": "disabled"}}, "session.truncation"),
+            ({"type": "session.update", "session": {"type": "realtime", "tracing": "auto"}}, "session.tracing"),
             ({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1", "language": "fr"}}}}},
              "session.audio.input.transcription.language"),
             ({"type": "response.create", "response": {"temperature": 0.7}}, "response.temperature"),
@@ -121,6 +122,8 @@ async def test_tool_errors_and_refused_fields(live_server):
             await rt.send(event)
             err = (await rt.until("error"))[-1]["error"]
             assert err["param"] is not None and err["param"].startswith(param), (event, err)
+            if param == "session.tracing":  # what the Agents SDK sends by default: the message says how to stop it
+                assert "tracing_disabled" in err["message"] and len(err["message"]) <= 200, err
         # nothing of a refused update was applied; the session still works and echoes what it really uses
         await rt.send({"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": "ash"}}}})
         session = (await rt.until("session.updated"))[-1]["session"]

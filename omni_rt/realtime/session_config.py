@@ -170,7 +170,11 @@ class SessionConfig:
         if truncation not in (None, "auto"):
             raise ProtocolError("unsupported_value", "truncation: only 'auto' (the oldest turns are dropped to fit the "
                                 "thinker's context) is supported", "session.truncation")
-        for key in ("prompt", "tracing", "include"):
+        if session.get("tracing") not in (None, {}):  # the Agents SDK sends "auto" unless its tracing is disabled
+            raise ProtocolError("unsupported_value", "session.tracing is not supported by this server (no trace "
+                                "dashboard); the OpenAI Agents SDK stops sending it with tracing_disabled in its run "
+                                "config", "session.tracing")
+        for key in ("prompt", "include"):
             if session.get(key) not in (None, [], {}):
                 raise ProtocolError("unsupported_value", f"session.{key} is not supported by this server", f"session.{key}")
 
