@@ -14,8 +14,12 @@ text so far as tokens, almost all of it found in the cache.
 The lead is estimated from the words of the clauses decoded so far (the talker speaks whole clauses: the words
 of an unfinished one cannot play yet) and the time since the first text, at ``SPEECH_S_PER_WORD``, a lower
 bound on speech time; the clock starts at the first text, before the talker has made any audio. Both err
-towards resuming early, and it resumes with ``RESUME_AHEAD_S`` left: the time to finish a clause at four
-answers' step cost (~5 tokens at ~47 ms) and synthesise it (~70-150 ms).
+towards resuming early, and it resumes with ``RESUME_AHEAD_S`` left: finishing a clause at four answers' step
+cost (~5 tokens at ~47 ms) and synthesising it (~70-150 ms) take ~0.4 s, but with 0.8 s paced answers still had
+playback gaps (the talker's own queue is not in the estimate), so it is 1.0 s.
+
+Off in the CPU preset (``pace_ahead_s`` unset): measured at 4 and 8 sessions it cut TTFA a little and added
+playback gaps (README "Several sessions at once").
 """
 
 from __future__ import annotations
