@@ -264,6 +264,10 @@ class Coordinator:
     def append(self, session_id: str, stage: str, data: Any) -> None:
         self.stages[stage].deliver_stream(session_id, data, "client")
 
+    def prefill_hint(self, session_id: str, stage: str, payload: Any) -> None:
+        """Tell ``stage`` what the session's next request will likely start with (``Scheduler.prefill_hint``)."""
+        self.stages[stage].prefill_hint(session_id, payload)
+
     def close_session(self, session_id: str) -> None:
         """Close the session: no more events reach its listener, and every stage drops what it keeps under
         the session id (the session stage's state, a thinker's per-session prefix cache). Its own message,

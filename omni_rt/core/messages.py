@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-IncomingType = Literal["new_request", "stream_chunk", "stream_done", "abort", "session_close"]
+IncomingType = Literal["new_request", "stream_chunk", "stream_done", "abort", "session_close", "prefill_hint"]
 OutgoingType = Literal["result", "stream", "error", "event"]
 
 
@@ -18,7 +18,8 @@ OutgoingType = Literal["result", "stream", "error", "event"]
 class IncomingMessage:
     """Shell -> scheduler. ``source`` names the upstream stage for stream chunks / stream_done.
 
-    ``session_close`` (request_id = a session id) is sent only to schedulers that keep per-session state.
+    ``session_close`` (request_id = a session id) is sent only to schedulers that keep per-session state;
+    ``prefill_hint`` (request_id = a session id, data = a request payload) only to those that warm a prompt cache.
     ``t``: ``perf_counter`` when the message entered the inbox, so a scheduler can tell how long it waited there.
     """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from omni_rt.core.messages import IncomingMessage, OutgoingMessage
 
@@ -48,6 +48,12 @@ class Scheduler(Protocol):
 
     def close_session(self, session_id: str) -> None:
         """A session ended: drop what is kept under its id across requests (session state, cached prefixes)."""
+        ...
+
+    def prefill_hint(self, session_id: str, payload: Any) -> None:
+        """A session's next request will likely start with this one's prompt (the conversation so far, the
+        user's words heard so far): a scheduler that caches prompts per session may prefill it now, while the
+        user speaks, instead of on the answer's critical path. Never answered; ignored where nothing is cached."""
         ...
 
     def set_stream_sources(self, sources: list[str]) -> None:
@@ -106,6 +112,9 @@ class ThreadedScheduler:
 
     def close_session(self, session_id: str) -> None:
         """Default: nothing is kept per session. Schedulers that keep some override this."""
+
+    def prefill_hint(self, session_id: str, payload: Any) -> None:
+        """Default: no prompt cache to warm. Schedulers that keep one per session override this."""
 
     def set_stream_sources(self, sources: list[str]) -> None:
         self.stream_sources = list(sources)

@@ -147,6 +147,10 @@ class Stage:
         self.stream_buffer.pop(session_id, None)
         self.scheduler.close_session(session_id)
 
+    def prefill_hint(self, session_id: str, payload: Any) -> None:
+        """A session's likely next prompt, for the scheduler to warm its cache with (``Scheduler.prefill_hint``)."""
+        self.scheduler.prefill_hint(session_id, payload)
+
     def forget_abort(self, request_id: str) -> None:
         """Allow a request id to be reused (session ids are reopened by reconnecting clients)."""
         self.aborted.pop(request_id, None)
