@@ -163,6 +163,56 @@ def test_long_new_prompt_is_fed_in_pieces(sched):
     assert evaluated <= res["prompt_tokens"], (evaluated, res)
 
 
+def _hinted(s, sid: str, messages: list[dict]) -> None:
+    """Send a prefill hint and wait until it has run (it answers nothing: the counters tell)."""
+    before = s.hinting["hints"] + s.hinting["skipped_busy_slot"]
+    s.prefill_hint(sid, {"messages": messages, "session_id": sid, "max_tokens": 48})
+    wait_until(lambda: s.hinting["hints"] + s.hinting["skipped_busy_slot"] > before and sid not in s._hints, timeout=30)
+
+
+def test_a_prefill_hint_leaves_only_the_last_words_to_the_answer(sched):
+    """While the user speaks, the session hints the answer's prompt as heard so far (``prefill_hint``):
+    llama-server prefills it into the session's slot, so the answer evaluates only the words after the hint
+    and the template's end; the answer is the one an unhinted session gets (greedy, same prompt)."""
+    turn1 = _q("My name is Carol and I grow tomatoes on my balcony. What is the capital of Italy?")
+    said = {}
+    for sid in ("hinted", "unhinted"):
+        said[sid] = _ask(sched, f"{sid}-1", turn1, session_id=sid)["result"]["text"]
+    assert said["hinted"] == said["unhinted"]
+    conversation = turn1 + [{"role": "assistant", "content": said["hinted"]}]
+    question = "And what is the capital of Spain, the country south of France?"
+    _hinted(sched, "hinted", conversation + [{"role": "user", "content": "And what is the capital of Spain,"}])
+    got, evaluated = {}, {}
+    for sid in ("hinted", "unhinted"):
+        before = _metric(sched, "prompt_tokens_total")
+        got[sid] = _ask(sched, f"{sid}-2", conversation + [{"role": "user", "content": question}], session_id=sid)["result"]
+        evaluated[sid] = _metric(sched, "prompt_tokens_total") - before
+    assert got["hinted"]["text"] == got["unhinted"]["text"], got
+    assert evaluated["unhinted"] >= 20, evaluated  # the answer, the question and the template's turn markers
+    assert evaluated["hinted"] <= 14, evaluated  # " the country south of France?" and the assistant's opening
+    assert got["hinted"]["cached_tokens"] >= got["hinted"]["prompt_tokens"] - 14, got["hinted"]
+
+
+def test_a_sessions_answer_stops_its_hint_and_keeps_its_slot(sched):
+    """A hint still prefilling when the turn ends (a long prompt, fed in pieces) is cancelled by the session's
+    real request, which takes the same slot at once and finds the pieces so far cached."""
+    story = " ".join(["The old lighthouse keeper walked along the rocky shore every morning before dawn."] * 12)
+    first = _ask(sched, "lh-1", _q("Hello!"), session_id="lighthouse")["result"]
+    slot = sched._last_slot["lighthouse"]
+    conversation = _q("Hello!") + [{"role": "assistant", "content": first["text"]}]
+    cancelled = sched.hinting["cancelled"]
+    sched.prefill_hint("lighthouse", {"messages": conversation + [{"role": "user", "content": story}],
+                                      "session_id": "lighthouse", "max_tokens": 48})
+    wait_until(lambda: "lighthouse" in sched._hints, timeout=10)
+    time.sleep(0.3)  # a few pieces in
+    got = _ask(sched, "lh-2", conversation + [{"role": "user", "content": story + " What did he do?"}],
+               session_id="lighthouse", max_tokens=4)
+    assert got["error"] is None, got["error"]
+    assert sched.hinting["cancelled"] == cancelled + 1
+    assert "lighthouse" not in sched._hints and sched._last_slot["lighthouse"] == slot
+    assert got["result"]["cached_tokens"] > first["prompt_tokens"], got["result"]  # the hint's pieces stayed
+
+
 def test_history_trimmed_at_its_front_reuses_the_rest(sched):
     """A session whose oldest turns were dropped (the history budget, ``omni_rt.engine.history``) keeps what is
     left cached: llama-server's ``--cache-reuse`` shifts the kept turns' KV into place instead of evaluating

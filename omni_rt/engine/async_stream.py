@@ -16,7 +16,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from omni_rt.core.messages import StageTiming
+from omni_rt.core.messages import IncomingMessage, StageTiming
 from omni_rt.core.scheduler import ThreadedScheduler
 from omni_rt.engine.answer_policy import AnswerPolicy
 from omni_rt.engine.history import HistoryWindow, request_error_code
@@ -104,6 +104,13 @@ class AsyncStreamScheduler(ThreadedScheduler):
         if self.history is not None:
             self.history.forget(session_id)
 
+    warms_prompts = False  # a subclass that can prefill a session's prompt ahead (``warm_prompt``) sets this
+
+    def prefill_hint(self, session_id: str, payload: Any) -> None:
+        """Queue the hint behind the requests already in the inbox (the loop fits it as a request's prompt)."""
+        if self.warms_prompts and self.history is not None and self.tokenizer is not None:
+            self.inbox.put(IncomingMessage(session_id, "prefill_hint", payload))
+
     def cache_state(self) -> dict[str, Any]:
         return {"history": self.history.state()} if self.history is not None else {}
 
@@ -116,6 +123,26 @@ class AsyncStreamScheduler(ThreadedScheduler):
 
     async def aclose(self) -> None:
         """Release async resources (HTTP clients) inside the loop before it stops."""
+
+    async def warm_prompt(self, hint_id: str, req: GenRequest) -> None:  # pragma: no cover - only if warms_prompts
+        """Prefill ``self.prompt_ids[hint_id]`` (``req``'s fitted prompt) into the session's cache, answering nothing."""
+        raise NotImplementedError
+
+    async def _prefill_hinted(self, session_id: str, data: Any) -> None:
+        """A prefill hint, fitted exactly as the request it foretells will be (same steering, same history
+        trim), so the prompt it warms is that request's prefix. A hint that does not parse or fit is dropped."""
+        hint_id = f"hint:{session_id}"
+        try:
+            req = parse_request(data, self.default_max_tokens, self.sampling_defaults, self.default_policy)
+            if req.messages is None or req.session_id != session_id:
+                return
+            req.messages = steer_messages(req.messages, self.languages)
+            self._fit_history(hint_id, req, data)
+            await self.warm_prompt(hint_id, req)
+        except ValueError:
+            return
+        finally:
+            self.prompt_ids.pop(hint_id, None)
 
     # -- loop
     def run_loop(self) -> None:
@@ -136,6 +163,8 @@ class AsyncStreamScheduler(ThreadedScheduler):
                     fut.add_done_callback(
                         lambda f, rid=rid: self._tasks.pop(rid, None) if self._tasks.get(rid) is f else None
                     )
+                elif msg.type == "prefill_hint":
+                    asyncio.run_coroutine_threadsafe(self._prefill_hinted(rid, msg.data), loop)
                 elif msg.type == "abort":
                     fut = self._tasks.get(rid)
                     if fut is not None:

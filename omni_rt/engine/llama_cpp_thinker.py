@@ -112,6 +112,9 @@ class LlamaCppThinker(RemoteThinker):
             raise ValueError(f"stage '{self.name}' field 'pace_ahead_s' must be > 0 (or unset), got {pace_ahead_s}")
         self.pace_ahead_s = pace_ahead_s
         self.pacing = {"pauses": 0, "resumed_prompt_tokens": 0}  # /debug/state: what the continuations cost
+        self._hints: dict[str, asyncio.Task] = {}  # session -> its prefill hint in flight (warm_prompt)
+        # /debug/state: hints taken and the prompt tokens they prefilled off the critical path; skipped ones
+        self.hinting = {"hints": 0, "prefilled_tokens": 0, "cancelled": 0, "skipped_busy_slot": 0}
         self.logit_bias = language_logit_bias(self.tokenizer, self.languages)
 
     @property  # type: ignore[override]
@@ -266,9 +269,62 @@ class LlamaCppThinker(RemoteThinker):
     def close_session(self, session_id: str) -> None:
         super().close_session(session_id)
         self._last_slot.pop(session_id, None)
+        hint = self._hints.get(session_id)
+        if hint is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(hint.cancel)
 
     def cache_state(self) -> dict[str, Any]:
-        return {**super().cache_state(), "pacing": dict(self.pacing)}
+        return {**super().cache_state(), "pacing": dict(self.pacing), "prefill_hints": dict(self.hinting)}
+
+    warms_prompts = True
+
+    async def warm_prompt(self, hint_id: str, req: GenRequest) -> None:
+        """Prefill a session's likely next prompt (``Scheduler.prefill_hint``) into the slot that holds its
+        conversation, as heavy pieces that wait while any short request starts (``prefill_in_pieces``): the
+        hint never slows another session's first words. It yields to this session's real request, which
+        cancels it and finds whatever it had prefilled in the slot.
+
+        Only the session's own free slot is used (or, for a session that has none yet, the slot a request
+        would take): moving it elsewhere would re-prefill its whole conversation and evict another's."""
+        sid = req.session_id
+        if not sid or sid in self._hints or self._own_tool_prompt(req):
+            return  # one at a time (the next one covers more words); own tool prompts render differently
+        last = self._last_slot.get(sid)
+        if last is not None and (self._holders()[last][0] != sid or last in {s for s, _ in self._slot_of.values()}):
+            self.hinting["skipped_busy_slot"] += 1
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._hints[sid] = task
+        try:
+            taken = self._take_slot(hint_id, req)
+            if taken is None:
+                return
+            ids, new = taken
+            slot = self._slot_of[hint_id][0]
+            self._slot_of[hint_id] = (slot, True)  # in the batch order a hint is the heaviest of prefills
+            self.hinting["hints"] += 1
+            if new >= 2:  # one new token is the real request's own first forward anyway
+                done = await prefill_in_pieces(self.http_client(), self.server.base_url + "/completions", ids,
+                                               cached=len(ids) - new, piece=self.prefill_piece_tokens or new,
+                                               slot=slot, shorts=self.shorts, whole=True)
+                self.hinting["prefilled_tokens"] += new if done["complete"] else 0
+                log.debug("%s: session %s prefilled %d of %d prompt tokens ahead (%s)", self.name, sid, new, len(ids), done)
+        except asyncio.CancelledError:
+            self.hinting["cancelled"] += 1
+            raise
+        finally:
+            self._slot_of.pop(hint_id, None)
+            if self._hints.get(sid) is task:
+                del self._hints[sid]
+
+    async def _yield_hint(self, session_id: str | None) -> None:
+        """A real request of a session whose hint is still prefilling: stop the hint (its pieces so far stay
+        cached in the slot) so the request takes the slot now."""
+        hint = self._hints.get(session_id) if session_id else None
+        if hint is not None and not hint.done():
+            hint.cancel()
+            await asyncio.wait([hint])
 
     def _pace(self, req: GenRequest, taken: tuple[list[int], int] | None, own_prompt: bool) -> AnswerPace | None:
         """A pace for a spoken answer whose prompt ids and slot are known (a continuation needs both: the
@@ -310,6 +366,7 @@ class LlamaCppThinker(RemoteThinker):
         restarts, pid = self.server.restarts, self.server.proc.pid if self.server.proc else None
         own_prompt = self._own_tool_prompt(req)
         framed = bool(req.tools) and forces_call(req.tool_choice) and own_prompt
+        await self._yield_hint(req.session_id)
         taken = self._take_slot(request_id, req)
         slot, heavy = self._slot_of.get(request_id, (None, False))
         short = slot is not None and not heavy  # holds back heavy pieces until its first tokens

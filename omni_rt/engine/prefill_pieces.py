@@ -82,12 +82,15 @@ async def prefill_in_pieces(
     piece: int,
     slot: int,
     shorts: ShortPrefills,
+    whole: bool = False,
 ) -> dict[str, Any]:
     """Prefill ``ids[:n]`` in ``slot`` for growing ``n`` (``cached + piece``, ``+ 2 piece``, ...), leaving the
-    last piece or less to the real request. A failed piece ends the feeding (the real request prefills the
-    rest); cancellation propagates (the open piece request is closed, and llama-server drops it)."""
+    last piece or less to the real request (``whole``: all of ``ids``, for a prompt no request follows yet). A
+    failed piece ends the feeding (the real request prefills the rest); cancellation propagates (the open piece
+    request is closed, and llama-server drops it). ``complete``: every piece went in."""
     sent, waited = 0, 0.0
-    for end in range(cached + piece, len(ids), piece):
+    ends = list(range(cached + piece, len(ids), piece)) + ([len(ids)] if whole and len(ids) > cached else [])
+    for end in ends:
         waited += await shorts.wait_idle()
         try:
             resp = await client.post(url, json=prefill_only_body(ids[:end], slot))
@@ -98,4 +101,4 @@ async def prefill_in_pieces(
             log.debug("prefill piece to %d tokens: HTTP %d; the request prefills the rest", end, resp.status_code)
             break
         sent += 1
-    return {"pieces": sent, "waited_s": round(waited, 4)}
+    return {"pieces": sent, "waited_s": round(waited, 4), "complete": sent == len(ends)}
