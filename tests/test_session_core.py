@@ -10,7 +10,7 @@ from __future__ import annotations
 from rt_helpers import validate_event
 
 from omni_rt.session import commands as cmd
-from omni_rt.session.core import RealtimeSession
+from omni_rt.session.core import RealtimeSession, SessionOptions
 from omni_rt.session.response_state import ResponseState
 from omni_rt.contracts import payloads as c
 
@@ -286,3 +286,37 @@ def test_a_setting_the_stage_refuses_keeps_the_old_one() -> None:
     s.receive_event(SEMANTIC)  # asked again: sent again (the stage still holds server_vad)
     assert [x for x in s.commands() if isinstance(x, cmd.UpdateAudioIn)]
 
+
+
+def test_the_thinker_hears_each_next_prompt_ahead() -> None:
+    """Prefill hints (``cmd.PrefillHint``): while the user speaks, the answer's prompt as far as it is heard
+    (the conversation and the words so far); after an answer, the next one's start (the conversation and an
+    empty user turn). A hint is the very payload its answer will get but for the user's last words, so the
+    thinker's cache holds that answer's prefix when the turn ends. A server without speculative answers
+    sends none."""
+    s = opened()
+    s.receive_asr(c.SpeechStarted(1, 0))
+    s.receive_asr(c.TranscriptPartial(1, "what time"))
+    hints = [x for x in drain(s)[1] if isinstance(x, cmd.PrefillHint)]
+    assert len(hints) == 1 and hints[0].payload["messages"][-1] == {"role": "user", "content": "what time"}
+    s.receive_asr(c.SpeechStopped(1, 900))
+    s.receive_asr(c.Committed(1, "vad", 900))
+    s.receive_asr(c.TranscriptFinal(1, "what time is it", False, 0.0, 0.0, 900))
+    start = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse))
+    assert start.payload["messages"][-1] == {"role": "user", "content": "what time is it"}
+    assert {**hints[0].payload, "messages": None} == {**start.payload, "messages": None}  # same session, budget
+    assert hints[0].payload["messages"][:-1] == start.payload["messages"][:-1]
+    s.receive_output(start.response_id, "text", c.TextDelta("It is noon."))
+    s.receive_result(start.response_id, {"prompt_tokens": 10, "completion_tokens": 4})
+    after = [x for x in drain(s)[1] if isinstance(x, cmd.PrefillHint)]
+    assert [h.payload["messages"][-2:] for h in after] == [[{"role": "assistant", "content": "It is noon."},
+                                                          {"role": "user", "content": ""}]]
+    assert after[0].payload["messages"][:-2] == start.payload["messages"]
+
+    quiet = RealtimeSession(SessionOptions(speculative_responses=False))
+    quiet.open()
+    quiet.receive_event({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}}})
+    accept_updates(quiet)
+    quiet.receive_asr(c.SpeechStarted(1, 0))
+    quiet.receive_asr(c.TranscriptPartial(1, "what time"))
+    assert not [x for x in drain(quiet)[1] if isinstance(x, cmd.PrefillHint)]

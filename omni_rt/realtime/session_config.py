@@ -211,5 +211,8 @@ class SessionConfig:
             raise ProtocolError(exc.code, exc.message, exc.param) from exc
 
     def asr_params(self) -> dict[str, Any]:
-        """What the audio-in stage needs to know of this config."""
-        return {"turn_detection": self.turn_detection, "partials": self.transcription is not None}
+        """What the audio-in stage needs to know of this config. Partial transcripts are decoded for the
+        client's transcription deltas, and for a session whose turns get answers: the words heard so far are
+        the answer's prompt, which the thinker prefills while the user speaks (a prefill hint)."""
+        answered = self.session_type == "realtime" and self.turn_detection is not None and self.turn_detection.create_response
+        return {"turn_detection": self.turn_detection, "partials": self.transcription is not None or answered}

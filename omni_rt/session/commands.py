@@ -46,6 +46,11 @@ class StartResponse:
 
 
 @dataclass(slots=True)
+class PrefillHint:
+    payload: dict[str, Any]  # a StartResponse payload the session's next answer will likely extend
+
+
+@dataclass(slots=True)
 class AbortResponse:
     response_id: str
 
@@ -56,4 +61,5 @@ class CloseConnection:
     reason: str
 
 
-Command = OpenAudioIn | UpdateAudioIn | AppendAudio | ControlAudioIn | CloseAudioIn | StartResponse | AbortResponse | CloseConnection
+Command = (OpenAudioIn | UpdateAudioIn | AppendAudio | ControlAudioIn | CloseAudioIn | StartResponse | PrefillHint | AbortResponse
+           | CloseConnection)

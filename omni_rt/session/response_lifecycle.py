@@ -31,15 +31,17 @@ class ResponseLifecycle:
     def __init__(self, session_id: str, *, send: Callable[[dict[str, Any]], None], purge_audio: Callable[[str], None],
                  commands: list[cmd.Command], observations: list[tuple[str, float]], conversation: Conversation,
                  held: HeldAnswers, tool_calls: ToolCallItems, config: Callable[[], SessionConfig],
-                 max_response_tokens: int, log: logging.LoggerAdapter) -> None:
+                 max_response_tokens: int, log: logging.LoggerAdapter, prefill_hints: bool = True) -> None:
         """``config``: the session's current config (read at each use: ``session.update`` replaces it);
-        ``purge_audio``: drops a response's queued audio deltas from the outgoing queue."""
+        ``purge_audio``: drops a response's queued audio deltas from the outgoing queue; ``prefill_hints``: tell
+        the thinker each next prompt ahead (``hint_next_prompt``; the server's ``speculative_responses``)."""
         self.session_id = session_id
         self._send, self._purge_audio = send, purge_audio
         self._commands, self._observations = commands, observations
         self._conversation, self._held, self._tool_calls = conversation, held, tool_calls
         self._config, self._max_tokens, self.log = config, max_response_tokens, log
         self.active: Response | None = None
+        self.hints = prefill_hints
         self._running: dict[str, tuple[Response, OutputEncoder | None]] = {}
 
     def live(self) -> int:
@@ -75,6 +77,15 @@ class ResponseLifecycle:
             messages.append({"role": "user", "content": held_user_text})
         else:
             self.active = resp
+        payload = self._payload(cfg, messages, in_conversation)
+        self._held.emit(resp, {"type": "response.created", "response": resp.render(self.session_id)})
+        encoder = OutputEncoder(resp.output_format, source_rate=PIPELINE_OUTPUT_RATE) if resp.output_format != "audio/pcm" else None
+        self._running[resp.id] = (resp, encoder)
+        self._commands.append(cmd.StartResponse(resp.id, payload))
+        return resp
+
+    def _payload(self, cfg: SessionConfig, messages: list[dict[str, Any]], in_conversation: bool) -> dict[str, Any]:
+        """The thinker request of an answer to ``messages`` under ``cfg``."""
         cap = self._max_tokens
         max_tokens = cap if cfg.max_output_tokens == "inf" else min(int(cfg.max_output_tokens), cap)
         payload: dict[str, Any] = {"messages": messages, "session_id": self.session_id if in_conversation else None,
@@ -85,11 +96,20 @@ class ResponseLifecycle:
         if cfg.tools and cfg.tool_choice != "none":
             payload["tools"] = [dict(t) for t in cfg.tools]
             payload["tool_choice"] = cfg.tool_choice
-        self._held.emit(resp, {"type": "response.created", "response": resp.render(self.session_id)})
-        encoder = OutputEncoder(resp.output_format, source_rate=PIPELINE_OUTPUT_RATE) if resp.output_format != "audio/pcm" else None
-        self._running[resp.id] = (resp, encoder)
-        self._commands.append(cmd.StartResponse(resp.id, payload))
-        return resp
+        return payload
+
+    def hint_next_prompt(self, cfg: SessionConfig, heard: str) -> None:
+        """Tell the thinker the prompt of the answer the user's turn will get, as far as it is known: the
+        conversation plus ``heard`` (the words so far; "" before the user speaks), so it can prefill that now.
+
+        Why: a turn's new prompt tokens (the last answer's end, the user's words, the template) cost 5-10 ms
+        each on the CPU thinker and were prefilled after the turn's end, before its first token; prefilled
+        while the user speaks, only the last words are left for the critical path."""
+        if not self.hints:
+            return
+        messages = Conversation.messages_of(self._conversation.items, cfg.instructions)
+        messages.append({"role": "user", "content": heard})
+        self._commands.append(cmd.PrefillHint(self._payload(cfg, messages, True)))
 
     # ---- held answers --------------------------------------------------------------------------------
     def release(self, resp: Response, turn: Turn) -> None:
@@ -270,6 +290,9 @@ class ResponseLifecycle:
                             "item": call.render()})
         self._send({"type": "response.done", "response": resp.render(self.session_id)})
         td = self._config().turn_detection
+        if (state is ResponseState.DONE and resp.in_conversation and not resp.calls and td is not None and td.create_response
+                and self._config().session_type == "realtime"):
+            self.hint_next_prompt(self._config(), "")  # the user's next turn answers this: its prefix is known now
         if td is not None and td.idle_timeout_ms:  # the idle clock restarts after its playback
             self._commands.append(cmd.ControlAudioIn("response_done", {"audio_ms": resp.item.audio_ms}))
 

@@ -104,8 +104,12 @@ class TurnTaking:
         self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
 
     def _on_partial(self, ev: c.TranscriptPartial) -> None:
-        """Partials re-decode the whole turn so far: send only what extends the text already sent."""
+        """Partials re-decode the whole turn so far: send only what extends the text already sent. The words
+        so far also go to the thinker, whose prompt for this turn's answer begins with them (a prefill hint)."""
         turn, cfg = self.turns.peek(ev.turn), self._config()
+        td = cfg.turn_detection
+        if turn is not None and td is not None and td.create_response and cfg.session_type == "realtime" and ev.text.strip():
+            self.responses.hint_next_prompt(cfg, ev.text.strip())
         if turn is None or (cfg.transcription is None and cfg.session_type != "transcription"):
             return
         if ev.text.startswith(turn.partial_sent) and len(ev.text) > len(turn.partial_sent):

@@ -112,6 +112,8 @@ class SessionRunner:
                 coord.append(sid, self.audio_in, c.pcm)
             elif isinstance(c, cmd.StartResponse):
                 self._tasks[c.response_id] = asyncio.create_task(self._run(c.response_id, c.payload), name=f"response-{c.response_id}")
+            elif isinstance(c, cmd.PrefillHint):
+                coord.prefill_hint(sid, self.response_entry, c.payload)
             elif isinstance(c, cmd.AbortResponse):
                 task = self._tasks.pop(c.response_id, None)
                 coord.abort(c.response_id)
