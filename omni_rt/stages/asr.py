@@ -18,6 +18,12 @@ on a short pause then delays nobody, and the held answer is more often ready whe
 turns twice each: 1 session TTFA p50 24, 22 ms at 100 ms vs 47, 38 at 150), while with four sessions the extra
 decodes on shared cores cost more than they gained (TTFA p50 178 vs 96 ms), so shared sessions keep the longer one.
 
+Partials (``TranscriptPartial``): while the user speaks, the growing turn is decoded every
+``partial_interval_ms`` of audio (``partial_alone_interval_ms`` for a session alone on the server), for the
+client's transcription deltas and for the session's prefill hints (the thinker prefills the answer's prompt
+with the words so far, so only the last words are left for the end of the turn). A partial never queues ahead
+of a final and never starts in a pause (``PARTIAL_IN_PAUSE_MS``), where the speculative decode is due.
+
 Whisper runs on a decode worker thread, never on the session thread: the VAD keeps up with the audio (a
 late ``speech_stopped`` is latency too) while a decode is in flight. Finished decodes come back through the
 inbox as ``_decoded`` ops, so all per-session state is still touched by one thread only. An ``epoch`` per
@@ -25,8 +31,9 @@ session tells a decode that is still valid from one made stale by new speech.
 
 ``semantic_vad`` (the rule and its numbers in ``omni_rt.contracts.turn_detection``): at each pause of
 ``SCORE_AFTER_MS`` the Smart Turn model scores the turn so far (``omni_rt.stages.turn_scoring``, its own worker
-thread) while the speculative Whisper decode of the same audio starts on the decode worker; the verdict needs
-both, the sound and the words of that transcript. The transcript is announced (``transcript.speculative``, which
+thread) while the speculative Whisper decode of the same audio runs on the decode worker (started at that
+point, or at ``SEMANTIC_DECODE_ALONE_AFTER_MS`` for a session alone on the server); the verdict needs both, the
+sound and the words of that transcript. The transcript is announced (``transcript.speculative``, which
 starts the held answer) only once the verdict says the turn's end is near (``_likely_end``); the turn ends when
 the verdict's silence has passed; an unsure verdict on words that can end is scored once more at
 ``SECOND_LOOK_MS`` (Smart Turn is surer of a finished sentence later). A hesitation pause thus costs one or two
@@ -89,6 +96,15 @@ GPU_MAX_BATCH = 8  # not measured on a GPU yet: batch rows are cheap next to Whi
 # vs 0.78 s. max_batch 4: the same 0.634 s but a worse mean (0.517 s): on CPU the encoder's cost grows with the
 # batch, so only the decoder's steps are shared. Two it is: ~10% more throughput, no worse mean latency.
 CPU_MAX_BATCH = 2
+# a partial decode starts only while the sound goes on (the first 2 Silero frames of a pause are a stop inside a
+# word as often as not): one started later still runs when the speculative decode is due, and delays it
+PARTIAL_IN_PAUSE_MS = 64
+# semantic_vad, a session alone on the server: its speculative decode starts here, before the score point
+# (``SCORE_AFTER_MS``, where Smart Turn scores): the verdict needs Whisper's words (~100-150 ms) and the held
+# answer starts from them, so both come ~55 ms sooner; a decode wasted on a stop inside a sentence delays no one
+# else. Measured live (latency_bench --turn-detection semantic_vad, 2 pairs): V2V median 561 -> 524 ms, first
+# token after speech_stopped 57 -> 48, no more cuts. Shared sessions keep the score point (the decodes are shared).
+SEMANTIC_DECODE_ALONE_AFTER_MS = PARTIAL_IN_PAUSE_MS
 
 
 @dataclass
@@ -116,6 +132,7 @@ class AsrWorker(SessionScheduler):
         partial_interval_ms: int = 1200,
         max_turn_s: float = 30.0,
         speculative_alone_after_ms: int | None = None,
+        partial_alone_interval_ms: int | None = None,
         turn_model: Any = None,
         semantic_announce_lead_ms: int = 700,
         max_queued_decodes: int = 16,
@@ -131,6 +148,8 @@ class AsrWorker(SessionScheduler):
         self.speculative_after_ms = speculative_after_ms
         self.speculative_alone_after_ms = speculative_after_ms if speculative_alone_after_ms is None else speculative_alone_after_ms
         self.partial_interval_samples = int(partial_interval_ms * SAMPLE_RATE / 1000)
+        alone = partial_interval_ms if partial_alone_interval_ms is None else partial_alone_interval_ms
+        self.partial_alone_interval_samples = int(alone * SAMPLE_RATE / 1000)
         self.max_turn_samples = int(max_turn_s * SAMPLE_RATE)
         self.counters = {"turns": 0, "speculative_hits": 0, "speculative_misses": 0, "turn_scores": 0, "turn_second_looks": 0,
                          "semantic_early_ends": 0, "stale_decodes_skipped": 0,
@@ -314,7 +333,8 @@ class AsrWorker(SessionScheduler):
     def _maybe_decode_early(self, session: Session, st: AsrState) -> None:
         sid = session.session_id
         if st.td.semantic is not None:  # the score point counts from the sound's end (TurnDetection)
-            pause_ms, silence = SCORE_AFTER_MS, st.seg.vad.sound_silence_ms
+            pause_ms = SEMANTIC_DECODE_ALONE_AFTER_MS if len(self.sessions) == 1 else SCORE_AFTER_MS
+            silence = st.seg.vad.sound_silence_ms
         else:
             pause_ms = self.speculative_alone_after_ms if len(self.sessions) == 1 else self.speculative_after_ms
             silence = st.seg.vad.silence_ms
@@ -339,8 +359,12 @@ class AsrWorker(SessionScheduler):
                 self.emit(sid, "event", SpeculationCancelled(st.turn + 1))
             st.speculative, st.spec_pending, st.spec_announced = None, False, False
             st.epoch += 1
-        due = st.seg.samples - st.last_partial_samples >= self.partial_interval_samples
-        if st.partials and due and self._decodes_in_flight == 0:  # never queue a partial ahead of a final
+            if st.td.semantic is not None:
+                st.verdict.new_pause()  # the words it heard were that pause's
+        interval = self.partial_alone_interval_samples if len(self.sessions) == 1 else self.partial_interval_samples
+        due = st.seg.samples - st.last_partial_samples >= interval
+        # never queue a partial ahead of a final, nor start one in a pause (the speculative decode comes then)
+        if st.partials and due and self._decodes_in_flight == 0 and st.seg.vad.sound_silence_ms < PARTIAL_IN_PAUSE_MS:
             st.last_partial_samples = st.seg.samples
             self._decode(sid, "partial", st.seg.audio(), epoch=st.epoch, turn=st.turn + 1)
 
@@ -373,7 +397,7 @@ class AsrWorker(SessionScheduler):
         assert sem is not None
         silence = st.seg.vad.silence_ms  # the verdict's silences: from Silero's frames (TurnDetection)
         if st.seg.vad.sound_silence_ms < SCORE_AFTER_MS:
-            if v.prob is not None or v.pending or v.words is not None:  # speech resumed: that verdict was another pause's
+            if v.prob is not None or v.pending:  # speech resumed: that score was another pause's (words: see above)
                 v.new_pause()
             return
         if v.prob is None and not v.pending:
@@ -500,6 +524,7 @@ def create_asr_stage(
     speculative_after_ms: int = 150,
     partial_interval_ms: int = 1200,
     speculative_alone_after_ms: int | None = None,
+    partial_alone_interval_ms: int | None = None,
     max_sessions: int = 64,
     max_buffered_bytes: int = 24000 * 2 * 120,
     idle_timeout_s: float = 600.0,
@@ -522,6 +547,9 @@ def create_asr_stage(
     """
     from omni_rt.backends.vad import SileroVadModel
 
+    for field, ms in (("partial_interval_ms", partial_interval_ms), ("partial_alone_interval_ms", partial_alone_interval_ms)):
+        if ms is not None and ms < 100:  # a partial is a whole Whisper decode of the turn so far
+            raise ValueError(f"stage 'asr' field '{field}': {ms} ms is under 100 ms (one decode of the turn each time)")
     if min_window_s is not None and backend != "faster-whisper":
         raise ValueError(f"stage 'asr' field 'min_window_s': only the faster-whisper backend has an encoder window, not '{backend}'")
     if random_init and backend != "transformers":
@@ -557,6 +585,7 @@ def create_asr_stage(
         speculative_after_ms=speculative_after_ms,
         speculative_alone_after_ms=speculative_alone_after_ms,
         partial_interval_ms=partial_interval_ms,
+        partial_alone_interval_ms=partial_alone_interval_ms,
         max_queued_decodes=max_queued_decodes,
         max_sessions=max_sessions,
         max_buffered_bytes=max_buffered_bytes,
