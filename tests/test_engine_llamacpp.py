@@ -213,6 +213,21 @@ def test_a_sessions_answer_stops_its_hint_and_keeps_its_slot(sched):
     assert got["result"]["cached_tokens"] > first["prompt_tokens"], got["result"]  # the hint's pieces stayed
 
 
+def test_a_busy_server_takes_no_hints(sched):
+    """A hint is speculative work: with more answers in flight than ``HINT_MAX_ANSWERS_IN_FLIGHT`` it is skipped
+    (counted), so it never slows the answers being spoken; the answers are unaffected."""
+    for i in (1, 2):
+        send(sched, f"busy-{i}", {"messages": _q("Tell me a long story about a dragon and a knight."),
+                                  "session_id": f"busy-{i}", "max_tokens": 200})
+    wait_until(lambda: sum(1 for r in sched._slot_of if r.startswith("busy-")) == 2, timeout=30)
+    skipped, hints = sched.hinting["skipped_busy_server"], sched.hinting["hints"]
+    sched.prefill_hint("third", {"messages": _q("Hello, I would like"), "session_id": "third", "max_tokens": 48})
+    wait_until(lambda: sched.hinting["skipped_busy_server"] == skipped + 1, timeout=10)
+    assert sched.hinting["hints"] == hints
+    got = collect(sched, ["busy-1", "busy-2"], timeout=120)
+    assert all(g["error"] is None and g["result"]["text"] for g in got.values()), got
+
+
 def test_history_trimmed_at_its_front_reuses_the_rest(sched):
     """A session whose oldest turns were dropped (the history budget, ``omni_rt.engine.history``) keeps what is
     left cached: llama-server's ``--cache-reuse`` shifts the kept turns' KV into place instead of evaluating

@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>\n", "\n</tool_call>"  # the own tool format (omni_rt.engine.tool_prompt)
 FORCED_CALL_MAX_TOKENS = 384
+# a prefill hint is speculative work: taken only while at most this many answers are in flight. On one llama.cpp
+# thread its pieces share every decode step with the answers playing, so at 8 sessions hints slowed the others'
+# first clauses (V2V p50 +150-300 ms, latency_bench --sessions 1,4,8); a lone session and light load keep them
+HINT_MAX_ANSWERS_IN_FLIGHT = 1
 
 
 def forced_schema(req: GenRequest) -> dict[str, Any] | None:
@@ -114,7 +118,7 @@ class LlamaCppThinker(RemoteThinker):
         self.pacing = {"pauses": 0, "resumed_prompt_tokens": 0}  # /debug/state: what the continuations cost
         self._hints: dict[str, asyncio.Task] = {}  # session -> its prefill hint in flight (warm_prompt)
         # /debug/state: hints taken and the prompt tokens they prefilled off the critical path; skipped ones
-        self.hinting = {"hints": 0, "prefilled_tokens": 0, "cancelled": 0, "skipped_busy_slot": 0}
+        self.hinting = {"hints": 0, "prefilled_tokens": 0, "cancelled": 0, "skipped_busy_slot": 0, "skipped_busy_server": 0}
         self.logit_bias = language_logit_bias(self.tokenizer, self.languages)
 
     @property  # type: ignore[override]
@@ -289,6 +293,9 @@ class LlamaCppThinker(RemoteThinker):
         sid = req.session_id
         if not sid or sid in self._hints or self._own_tool_prompt(req):
             return  # one at a time (the next one covers more words); own tool prompts render differently
+        if sum(1 for rid in self._slot_of if not rid.startswith("hint:")) > HINT_MAX_ANSWERS_IN_FLIGHT:
+            self.hinting["skipped_busy_server"] += 1
+            return
         last = self._last_slot.get(sid)
         if last is not None and (self._holders()[last][0] != sid or last in {s for s, _ in self._slot_of.values()}):
             self.hinting["skipped_busy_slot"] += 1
