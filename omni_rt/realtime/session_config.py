@@ -210,9 +210,13 @@ class SessionConfig:
         except turn_detection.TurnDetectionError as exc:
             raise ProtocolError(exc.code, exc.message, exc.param) from exc
 
+    @property
+    def answers_turns(self) -> bool:
+        """A realtime session whose turn detection answers each turn it ends (``create_response``)."""
+        return self.session_type == "realtime" and self.turn_detection is not None and self.turn_detection.create_response
+
     def asr_params(self) -> dict[str, Any]:
         """What the audio-in stage needs to know of this config. Partial transcripts are decoded for the
         client's transcription deltas, and for a session whose turns get answers: the words heard so far are
         the answer's prompt, which the thinker prefills while the user speaks (a prefill hint)."""
-        answered = self.session_type == "realtime" and self.turn_detection is not None and self.turn_detection.create_response
-        return {"turn_detection": self.turn_detection, "partials": self.transcription is not None or answered}
+        return {"turn_detection": self.turn_detection, "partials": self.transcription is not None or self.answers_turns}

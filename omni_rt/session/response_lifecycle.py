@@ -290,8 +290,7 @@ class ResponseLifecycle:
                             "item": call.render()})
         self._send({"type": "response.done", "response": resp.render(self.session_id)})
         td = self._config().turn_detection
-        if (state is ResponseState.DONE and resp.in_conversation and not resp.calls and td is not None and td.create_response
-                and self._config().session_type == "realtime"):
+        if state is ResponseState.DONE and resp.in_conversation and not resp.calls and self._config().answers_turns:
             self.hint_next_prompt(self._config(), "")  # the user's next turn answers this: its prefix is known now
         if td is not None and td.idle_timeout_ms:  # the idle clock restarts after its playback
             self._commands.append(cmd.ControlAudioIn("response_done", {"audio_ms": resp.item.audio_ms}))

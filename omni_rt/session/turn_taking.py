@@ -107,8 +107,7 @@ class TurnTaking:
         """Partials re-decode the whole turn so far: send only what extends the text already sent. The words
         so far also go to the thinker, whose prompt for this turn's answer begins with them (a prefill hint)."""
         turn, cfg = self.turns.peek(ev.turn), self._config()
-        td = cfg.turn_detection
-        if turn is not None and td is not None and td.create_response and cfg.session_type == "realtime" and ev.text.strip():
+        if turn is not None and cfg.answers_turns and ev.text.strip():
             self.responses.hint_next_prompt(cfg, ev.text.strip())
         if turn is None or (cfg.transcription is None and cfg.session_type != "transcription"):
             return
@@ -144,8 +143,7 @@ class TurnTaking:
             self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id, "content_index": 0,
                        "transcript": text, "usage": {"type": "duration", "seconds": round(ev.audio_ms / 1000, 3)}})
         self.send({"type": "conversation.item.done", "previous_item_id": self.conversation.previous_id(item.id), "item": item.render()})
-        td = cfg.turn_detection
-        wants_answer = (td is not None and td.create_response and cfg.session_type == "realtime"
+        wants_answer = (cfg.answers_turns
                         and (text.strip() or ev.trigger == "timeout")  # an idle timeout's turn is answered though silent
                         and not self.turns.superseded(ev.turn))
         if not wants_answer:
