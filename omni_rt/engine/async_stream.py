@@ -26,6 +26,9 @@ from omni_rt.engine.tool_parser import ToolStream, UpstreamToolCalls
 from omni_rt.engine.tool_prompt import detect_format, render_prompt
 from omni_rt.contracts.payloads import TextDelta
 
+# request ids of prefill hints (``_prefill_hinted``): an engine tells a hint from an answer by it
+HINT_PREFIX = "hint:"
+
 
 @dataclass(slots=True)
 class Delta:
@@ -131,7 +134,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
     async def _prefill_hinted(self, session_id: str, data: Any) -> None:
         """A prefill hint, fitted exactly as the request it foretells will be (same steering, same history
         trim), so the prompt it warms is that request's prefix. A hint that does not parse or fit is dropped."""
-        hint_id = f"hint:{session_id}"
+        hint_id = HINT_PREFIX + session_id
         try:
             req = parse_request(data, self.default_max_tokens, self.sampling_defaults, self.default_policy)
             if req.messages is None or req.session_id != session_id:

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 import httpx
 
-from omni_rt.engine.async_stream import Delta, UpstreamError
+from omni_rt.engine.async_stream import HINT_PREFIX, Delta, UpstreamError
 from omni_rt.engine.constrained import closed, forced_tools, forces_call
 from omni_rt.engine.decode_pacing import AnswerPace
 from omni_rt.engine.history import HistoryWindow
@@ -293,7 +293,7 @@ class LlamaCppThinker(RemoteThinker):
         sid = req.session_id
         if not sid or sid in self._hints or self._own_tool_prompt(req):
             return  # one at a time (the next one covers more words); own tool prompts render differently
-        if sum(1 for rid in self._slot_of if not rid.startswith("hint:")) > HINT_MAX_ANSWERS_IN_FLIGHT:
+        if sum(1 for rid in self._slot_of if not rid.startswith(HINT_PREFIX)) > HINT_MAX_ANSWERS_IN_FLIGHT:
             self.hinting["skipped_busy_server"] += 1
             return
         last = self._last_slot.get(sid)

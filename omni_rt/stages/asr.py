@@ -165,6 +165,12 @@ class AsrWorker(SessionScheduler):
         return self._decoder.max_batch
 
     @property
+    def _alone(self) -> bool:
+        """One session on the server: its speculative work (an early decode, a frequent partial, a held answer
+        on an unsure verdict) delays no one else, so it gets the sooner timings."""
+        return len(self.sessions) == 1
+
+    @property
     def _decodes_in_flight(self) -> int:
         return self._decoder.in_flight
 
@@ -333,10 +339,10 @@ class AsrWorker(SessionScheduler):
     def _maybe_decode_early(self, session: Session, st: AsrState) -> None:
         sid = session.session_id
         if st.td.semantic is not None:  # the score point counts from the sound's end (TurnDetection)
-            pause_ms = SEMANTIC_DECODE_ALONE_AFTER_MS if len(self.sessions) == 1 else SCORE_AFTER_MS
+            pause_ms = SEMANTIC_DECODE_ALONE_AFTER_MS if self._alone else SCORE_AFTER_MS
             silence = st.seg.vad.sound_silence_ms
         else:
-            pause_ms = self.speculative_alone_after_ms if len(self.sessions) == 1 else self.speculative_after_ms
+            pause_ms = self.speculative_alone_after_ms if self._alone else self.speculative_after_ms
             silence = st.seg.vad.silence_ms
         if silence >= pause_ms:
             # semantic_vad: Whisper starts at the pause the turn model scores, side by side with it: gated on
@@ -361,7 +367,7 @@ class AsrWorker(SessionScheduler):
             st.epoch += 1
             if st.td.semantic is not None:
                 st.verdict.new_pause()  # the words it heard were that pause's
-        interval = self.partial_alone_interval_samples if len(self.sessions) == 1 else self.partial_interval_samples
+        interval = self.partial_alone_interval_samples if self._alone else self.partial_interval_samples
         due = st.seg.samples - st.last_partial_samples >= interval
         # never queue a partial ahead of a final, nor start one in a pause (the speculative decode comes then)
         if st.partials and due and self._decodes_in_flight == 0 and st.seg.vad.sound_silence_ms < PARTIAL_IN_PAUSE_MS:
@@ -380,7 +386,7 @@ class AsrWorker(SessionScheduler):
             return True
         if st.seg.vad.sound_silence_ms < SCORE_AFTER_MS:
             return False
-        if len(self.sessions) == 1 and st.verdict.decided(sem):
+        if self._alone and st.verdict.decided(sem):
             return True
         # a decode (and the held answer) starts this long before the turn would end on the current verdict
         return st.seg.vad.silence_ms >= st.verdict.end_silence_ms(sem) - self.semantic_announce_lead_ms
