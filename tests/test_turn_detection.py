@@ -289,6 +289,26 @@ def test_semantic_vad_ends_a_complete_question_sooner_than_server_vad(asr_stage,
     assert of(sem, "transcript.final")[0]["speculative"] is True
 
 
+def test_a_lone_session_answers_from_the_words_before_the_sound_is_scored(asr_stage, tts) -> None:
+    """A session alone on the server (semantic_vad): Whisper's words come first and, when they end the turn
+    whatever the sound ("...France?": a question), the held answer starts from them at once
+    (``transcript.speculative`` before ``turn.scored``); Smart Turn then runs beside the answer and only picks the
+    silence. Before, the two ran side by side on two cores and the answer waited for both (asr.LONE_WORDS_FIRST)."""
+    speech = say(tts, COMPLETE)
+    audio = np.concatenate([silence(500), speech, silence(1500)])
+    events = run_stream(asr_stage, "lone-words-first", {"type": "semantic_vad", "eagerness": "auto"}, audio)
+    order = [e["type"] for e in events if e["type"] in ("transcript.speculative", "turn.scored", "speech_stopped")]
+    stop = order.index("speech_stopped")
+    # the last pause (an earlier one inside the sentence, if any, is scored on open words and announces nothing)
+    last_spec = max(i for i, kind in enumerate(order[:stop]) if kind == "transcript.speculative")
+    last_score = max(i for i, kind in enumerate(order[:stop]) if kind == "turn.scored")
+    assert last_spec < last_score, order
+    spec, scored = of(events, "transcript.speculative")[-1], of(events, "turn.scored")[-1]
+    assert tdm.EAGERNESS_SETTINGS["auto"].ends_whatever_the_sound(scored["words"]), scored
+    final = of(events, "transcript.final")
+    assert len(final) == 1 and final[0]["speculative"] is True and final[0]["text"] == spec["text"].strip(), (final, spec)
+
+
 @pytest.mark.parametrize("text, cue", [
     ("What is the capital of France?", "can_end"), ("who wrote Romito and Juliet", "can_end"), ("Yes.", "can_end"),
     ("Can you set a timer for?", "open"), ("Which planet is... um...", "open"), ("So, ah.", "open"),

@@ -6,7 +6,8 @@ it, the session reads its flags, the ASR stage executes it; all must agree on th
 ``eagerness`` means, so all take the same typed value from this module.
 
 ``semantic_vad`` decides from sound and words. Silero finds pauses; at ``SCORE_AFTER_MS`` of silence the ASR
-stage starts two things on the turn so far, side by side: Smart Turn's audio score and the speculative Whisper
+stage starts two things on the turn so far, side by side (one after the other for a session alone on the server,
+the words first: ``omni_rt.stages.asr.LONE_WORDS_FIRST``): Smart Turn's audio score and the speculative Whisper
 decode (the transcript the answer is prefilled from anyway), which also reports Whisper's probability of the
 transcript's last word. The words give a *cue* (``words_cue``):
 
@@ -192,6 +193,11 @@ class Eagerness:
         if cue != "empty":  # can_end or question, unsure: the second look may still make it sure
             return SECOND_LOOK_MS if self.second_look and second is not None and second >= self.sure_threshold else self.unsure_silence_ms
         return self.unsure_silence_ms if prob >= self.complete_threshold else self.max_silence_ms
+
+    def ends_whatever_the_sound(self, cue: str | None) -> bool:
+        """The words alone already say the turn ends before ``max_silence_ms``, whatever Smart Turn scores (it only
+        picks the silence): every cue but ``open`` (holds the turn) and ``empty`` (the audio alone decides)."""
+        return cue is not None and cue not in ("open", "empty")
 
     def _sure(self, prob: float, cue: str) -> bool:
         return prob >= self.sure_threshold or cue == "question" and prob >= self.complete_threshold
