@@ -293,7 +293,7 @@ def test_a_lone_session_answers_from_the_words_before_the_sound_is_scored(asr_st
     """A session alone on the server (semantic_vad): Whisper's words come first and, when they end the turn
     whatever the sound ("...France?": a question), the held answer starts from them at once
     (``transcript.speculative`` before ``turn.scored``); Smart Turn then runs beside the answer and only picks the
-    silence. Before, the two ran side by side on two cores and the answer waited for both (asr.LONE_WORDS_FIRST)."""
+    silence. Before, the two ran side by side on two cores and the answer waited for both (``AsrWorker._words_first``)."""
     speech = say(tts, COMPLETE)
     audio = np.concatenate([silence(500), speech, silence(1500)])
     events = run_stream(asr_stage, "lone-words-first", {"type": "semantic_vad", "eagerness": "auto"}, audio)

@@ -7,7 +7,7 @@ it, the session reads its flags, the ASR stage executes it; all must agree on th
 
 ``semantic_vad`` decides from sound and words. Silero finds pauses; at ``SCORE_AFTER_MS`` of silence the ASR
 stage starts two things on the turn so far, side by side (one after the other for a session alone on the server,
-the words first: ``omni_rt.stages.asr.LONE_WORDS_FIRST``): Smart Turn's audio score and the speculative Whisper
+the words first: ``omni_rt.stages.asr.AsrWorker._words_first``): Smart Turn's audio score and the speculative Whisper
 decode (the transcript the answer is prefilled from anyway), which also reports Whisper's probability of the
 transcript's last word. The words give a *cue* (``words_cue``):
 

@@ -33,7 +33,7 @@ session tells a decode that is still valid from one made stale by new speech.
 ``SCORE_AFTER_MS`` the Smart Turn model scores the turn so far (``omni_rt.stages.turn_scoring``, its own worker
 thread) while the speculative Whisper decode of the same audio runs on the decode worker (started at that
 point); the verdict needs both, the sound and the words of that transcript. A session alone on the server
-decodes first (at ``SEMANTIC_DECODE_ALONE_AFTER_MS``) and scores once the words are in (``LONE_WORDS_FIRST``).
+decodes first (at ``SEMANTIC_DECODE_ALONE_AFTER_MS``) and scores once the words are in (``_words_first``).
 The transcript is announced (``transcript.speculative``, which starts the held answer) only once the verdict
 says the turn's end is near, or, alone, once the words end the turn whatever the sound (``_likely_end``); the turn ends when
 the verdict's silence has passed; an unsure verdict on words that can end is scored once more at
@@ -106,12 +106,6 @@ PARTIAL_IN_PAUSE_MS = 64
 # else. Measured live (latency_bench --turn-detection semantic_vad, 2 pairs): V2V median 561 -> 524 ms, first
 # token after speech_stopped 57 -> 48, no more cuts. Shared sessions keep the score point (the decodes are shared).
 SEMANTIC_DECODE_ALONE_AFTER_MS = PARTIAL_IN_PAUSE_MS
-# semantic_vad, a session alone on the server: Whisper first, then Smart Turn, and the held answer starts from the
-# words alone when they end the turn whatever the sound (``PauseVerdict.words_end``; Smart Turn only picks the
-# silence then). Side by side on two cores, Whisper's two threads and Smart Turn's one slowed each other (a
-# decode ~80 ms alone took ~155 beside the score; the verdict was in at ~255 ms of silence); one after the
-# other the words are in ~190 and Smart Turn scores beside the answer's first tokens (one llama.cpp thread).
-LONE_WORDS_FIRST = True
 
 
 @dataclass
@@ -176,6 +170,16 @@ class AsrWorker(SessionScheduler):
         """One session on the server: its speculative work (an early decode, a frequent partial, a held answer
         on an unsure verdict) delays no one else, so it gets the sooner timings."""
         return len(self.sessions) == 1
+
+    @property
+    def _words_first(self) -> bool:
+        """semantic_vad, a session alone on the server: Whisper first, then Smart Turn, and the held answer starts
+        from the words alone when they end the turn whatever the sound (``Eagerness.ends_whatever_the_sound``;
+        Smart Turn only picks the silence then). Side by side on two cores, Whisper's two threads and Smart Turn's
+        one slowed each other (a decode ~80 ms alone took ~155 beside the score; the verdict was in at ~255 ms of
+        silence); one after the other the words are in ~190 and Smart Turn scores beside the answer's first
+        tokens (one llama.cpp thread). Shared sessions keep both side by side at the score point."""
+        return self._alone
 
     @property
     def _decodes_in_flight(self) -> int:
@@ -355,7 +359,7 @@ class AsrWorker(SessionScheduler):
             # semantic_vad, shared sessions: Whisper starts at the pause the turn model scores, side by side with
             # it: gated on the verdict, the decode added the whole score (110 ms idle, ~500 ms on a loaded machine)
             # to the transcript's time (measured with latency_bench --turn-detection); the answer stays gated on
-            # the verdict. Alone, the decode comes first (LONE_WORDS_FIRST)
+            # the verdict. Alone, the decode comes first (``_words_first``)
             if st.speculative is None and not st.spec_pending:
                 st.spec_pending = True
                 st.last_partial_samples = st.seg.samples
@@ -394,7 +398,7 @@ class AsrWorker(SessionScheduler):
             return True
         if st.seg.vad.sound_silence_ms < SCORE_AFTER_MS:
             return False
-        if self._alone and (st.verdict.decided(sem) or LONE_WORDS_FIRST and st.verdict.words_end(sem)):
+        if self._alone and st.verdict.decided(sem) or self._words_first and sem.ends_whatever_the_sound(st.verdict.words):
             return True
         # a decode (and the held answer) starts this long before the turn would end on the current verdict
         return st.seg.vad.silence_ms >= st.verdict.end_silence_ms(sem) - self.semantic_announce_lead_ms
@@ -415,8 +419,8 @@ class AsrWorker(SessionScheduler):
                 v.new_pause()
             return
         if v.prob is None and not v.pending:
-            if LONE_WORDS_FIRST and self._alone and v.words is None:
-                return  # alone, Smart Turn waits for the words
+            if self._words_first and v.words is None:
+                return  # Smart Turn waits for the words
             self.counters["turn_scores"] += 1
             self._turns.score(session.session_id, st.seg.audio(), SAMPLE_RATE, v)
         elif v.decided(sem) and silence >= v.end_silence_ms(sem):
@@ -509,7 +513,7 @@ class AsrWorker(SessionScheduler):
                 st.speculative, st.spec_pending = text, False
                 if st.td.semantic is not None and st.seg.vad.in_speech:
                     st.verdict.hear(text, data.get("last_word_prob"))  # the words of this pause: half of the verdict
-                    if LONE_WORDS_FIRST and self._alone:
+                    if self._words_first:
                         self._semantic_pause(session, st)  # Smart Turn's turn now
                 # lets the session start answering in the silence; the answer is held until the turn ends
                 if self._likely_end(st):

@@ -53,10 +53,6 @@ class PauseVerdict:
         return (self.second is None and not self.pending and self.words is not None
                 and eager.wants_second_look(self.prob, self.words, self.last_word_prob))
 
-    def words_end(self, eager: Eagerness) -> bool:
-        """The words are in and end the turn before the max silence whatever the score (``ends_whatever_the_sound``)."""
-        return eager.ends_whatever_the_sound(self.words)
-
     def decided(self, eager: Eagerness) -> bool:
         """Both inputs are in and they end the turn before the max silence."""
         return self.end_silence_ms(eager) < eager.max_silence_ms
