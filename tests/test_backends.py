@@ -141,13 +141,13 @@ def test_vad_then_asr_on_spoken_question(question_16k, vad_model, asr) -> None:
     assert word_accuracy(QUESTION, text) >= 0.8, text
 
 
-def _stop_after_sound_end_ms(vad_model, speech: np.ndarray, **vad_args) -> float:
-    """speech_stopped's audio_end_ms minus where the sound ended (the last 10 ms with RMS > 5% of the loudest)."""
+def _stop_after_sound_end_ms(vad_model, speech: np.ndarray, ratio: float = 0.05, **vad_args) -> float:
+    """speech_stopped's audio_end_ms minus where the sound ended (the last 10 ms with RMS > ``ratio`` of the loudest)."""
     from omni_rt.backends.vad import StreamingVAD
 
     n = len(speech) // 160
     rms = np.sqrt((speech[: n * 160].reshape(n, 160).astype(np.float64) ** 2).mean(axis=1))
-    sound_end_ms = 500 + 10 * (int(np.nonzero(rms > 0.05 * rms.max())[0][-1]) + 1)
+    sound_end_ms = 500 + 10 * (int(np.nonzero(rms > ratio * rms.max())[0][-1]) + 1)
     stream = np.concatenate([np.zeros(8000, np.float32), speech, np.zeros(16000, np.float32)])
     vad = StreamingVAD(vad_model, silence_duration_ms=500, **vad_args)
     stops = [e for i in range(0, len(stream), 320) for e in vad.feed(stream[i : i + 320]) if e.kind == "speech_stopped"]
@@ -159,9 +159,13 @@ def test_vad_counts_the_silence_from_where_the_sound_ended(question_16k, vad_mod
     """Silero keeps p >= 0.5 for a few frames after the last audible sample; the 500 ms are the speaker's."""
     now = _stop_after_sound_end_ms(vad_model, question_16k)
     before = _stop_after_sound_end_ms(vad_model, question_16k, sound_end_ratio=0.0)  # from Silero's last speech frame
-    # Piper's random prosody: over 30 syntheses now 490-680 ms (a faint final fricative at ~5% of the peak can
-    # stay inside the speech), before 608-808, the gain 96-256 ms
-    assert 480 <= now <= 720, now
+    # Where the sound ends is fuzzy by a faint final "s" (Piper's random prosody puts it at 3-10% of the peak), so
+    # the stop is bounded from both ends of that tail: no sooner than 500 ms after the last 10 ms louder than 10% of
+    # the peak (the VAD's 8 ms windows at 5% cannot end before it), no later than 500 ms and the frame-grid slack
+    # after the last louder than 5%. Over 80 syntheses: 516-720 after the first, 358-680 after the second (a "s"
+    # at 5.3% of the 10 ms peak is under 5% of the VAD's 8 ms one: CI's 388), before - now 96-256
+    assert _stop_after_sound_end_ms(vad_model, question_16k, ratio=0.10) >= 480
+    assert now <= 720, now
     assert before - now >= 64, (now, before)
     # semantic_vad's verdict counts from Silero's frames (its sound clock, sound_silence_ms, only times the score)
     assert _stop_after_sound_end_ms(vad_model, question_16k, silence_from_sound_end=False) == before
