@@ -18,6 +18,7 @@ llama.cpp rows run each ``--llama-gguf`` (default: the preset's F16 and the pack
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -207,7 +208,8 @@ def llama_rows(vocab: int, args) -> list[dict]:
     if binary is None:
         print(f"llama.cpp: no llama-server built ({llama_cpp.build_failed() or 'run python -m omni_rt.engine.llama_cpp build'})")
         return []
-    files = {"f16": smollm2.ensure_f16_gguf, "q4_1": smollm2.packaged_gguf_path}
+    files = {**{fmt: functools.partial(smollm2.ensure_served_gguf, fmt) for fmt in smollm2.SERVED_FORMATS},
+             "q4_1": smollm2.packaged_gguf_path}
     rows = []
     for rep in range(args.llama_repeats):  # alternating files, so a noisy stretch of the machine hits both
         for name in args.llama_gguf:
@@ -244,8 +246,8 @@ def main() -> None:
     ap.add_argument("--json", default="latency_bench/results/engine.json", help="where to write the results")
     ap.add_argument("--engine", choices=["torch", "llama.cpp", "both"], default="torch")
     ap.add_argument("--llama-threads", default="1,2", help="llama.cpp thread counts to measure")
-    ap.add_argument("--llama-gguf", default="f16,q4_1",
-                    help="GGUFs for the llama.cpp rows: f16 (the CPU preset's), q4_1 (the packaged file) or paths")
+    ap.add_argument("--llama-gguf", default="q8_0,f16,q4_1",
+                    help="GGUFs for the llama.cpp rows: q8_0 (the CPU preset's), f16, q4_1 (the packaged file) or paths")
     ap.add_argument("--llama-repeats", type=int, default=1, help="measure the GGUFs this many times, alternating")
     ap.add_argument("--llama-reuse-off", action="store_true", help="also measure llama.cpp with prefix reuse off")
     args = ap.parse_args()

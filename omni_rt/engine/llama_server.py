@@ -111,8 +111,8 @@ class LlamaServer:
             # new user input starts a new answer (with prefill, llama-server continued the last reply, and
             # refused two assistant messages at the end: "Cannot have 2 or more assistant messages ...")
             "--no-prefill-assistant",
-            # no weight repacking: on an Intel Xeon with AVX-512 + AMX the vendored llama.cpp segfaulted at load
-            # repacking a Q4_1 GGUF (the packaged SmolLM2 one; F16, the preset's, is not repacked either way)
+            # no weight repacking: on an Intel Xeon with AVX-512 + AMX the vendored llama.cpp crashed at load
+            # (SIGSEGV or SIGILL) repacking a Q4_1 or Q8_0 GGUF; F16 is not repacked either way
             "--no-repack",
             # a history trimmed at its front (omni_rt.engine.history drops the oldest turns) keeps the slot's KV of
             # the rest: llama-server finds chunks of >= N cached tokens past the change and shifts them into place
