@@ -7,10 +7,10 @@ measured turn prefills only the new tokens.
 
     python -m latency_bench.engine                          # SmolLM2-135M (the CPU preset's thinker) on CPU
     python -m latency_bench.engine --shape qwen2.5-7b --device cuda --dtype bfloat16   # random-init shape, GPU
-    python -m latency_bench.engine --engine both            # + the llama.cpp thinker (F16 and Q4_1 GGUF), same requests
-    python -m latency_bench.engine --engine llama.cpp --llama-threads 1 --llama-repeats 2   # F16 vs Q4_1, alternating
+    python -m latency_bench.engine --engine both            # + the llama.cpp thinker (Q8_0, F16 and Q4_1 GGUF), same requests
+    python -m latency_bench.engine --engine llama.cpp --llama-threads 1 --llama-repeats 2   # the three, alternating
 
-llama.cpp rows run each ``--llama-gguf`` (default: the preset's F16 and the packaged Q4_1) on a managed
+llama.cpp rows run each ``--llama-gguf`` (default: the preset's Q8_0, F16 and the packaged Q4_1) on a managed
 ``llama-server`` (1 and 2 threads; with ``--llama-reuse-off`` also prefix reuse off = ``--no-cache-prompt``); there the decode ms/step is measured client-side as (time to last token - TTFT) /
 (tokens - 1), and the prefilled tokens are prompt - ``cached_tokens`` as llama-server reports them.
 """

@@ -162,7 +162,7 @@ def stage_rows(config: PipelineConfig) -> list[tuple[str, str, str, str]]:
     rows = []
     for stage in config.stages:
         backend, model = stage_model(stage)
-        rows.append((stage.name, backend, model, where(model, backend, str(stage.args.get("gguf_format", smollm2.DEFAULT_FORMAT)))))
+        rows.append((stage.name, backend, model, where(model, backend, smollm2.stage_format(stage.args))))
     return rows
 
 

@@ -25,7 +25,7 @@ def prepare(preset: str = "cpu") -> None:
     from omni_rt.engine import smollm2
     from omni_rt.presets import load_preset
 
-    fmt = next((str(s.args.get("gguf_format", smollm2.DEFAULT_FORMAT)) for s in load_preset(preset).stages
+    fmt = next((smollm2.stage_format(s.args) for s in load_preset(preset).stages
                 if s.args.get("model") == "smollm2" and s.args.get("backend") == "llama.cpp"), smollm2.DEFAULT_FORMAT)
     print(f"thinker  SmolLM2-135M-Instruct {fmt.upper()} GGUF (llama.cpp) -> {smollm2.ensure_served_gguf(fmt)} "
           f"({time.perf_counter() - t0:.1f} s)")

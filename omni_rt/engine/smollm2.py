@@ -16,7 +16,9 @@ import importlib.util
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,11 @@ def check_format(fmt: str, stage: str = "thinker") -> str:
     if fmt not in SERVED_FORMATS:
         raise ValueError(f"stage '{stage}' field 'gguf_format': {fmt!r} is not one of {', '.join(SERVED_FORMATS)}")
     return fmt
+
+
+def stage_format(args: Mapping[str, Any]) -> str:
+    """The format a thinker stage's args serve "smollm2" in (``gguf_format``, else the default)."""
+    return str(args.get("gguf_format", DEFAULT_FORMAT))
 
 
 def served_gguf_name(fmt: str = DEFAULT_FORMAT) -> str:
