@@ -443,3 +443,18 @@ def test_a_cached_binary_that_cannot_run_is_not_used(tmp_path):
     assert llama_cpp.locate_binary(tmp_path) is None
     (d / llama_cpp.BINARY_NAME).write_text("#!/bin/sh\nexit 0\n")
     assert llama_cpp.locate_binary(tmp_path) == d / llama_cpp.BINARY_NAME
+
+
+def test_a_gguf_path_brings_its_own_tokenizer(binary):
+    """``--thinker FILE.gguf`` (or a preset's ``model: FILE.gguf``) gets the tokenizer inside the file, the same
+    token ids as the packaged model's: without one the thinker had no history window, language bias or prefill
+    hints (a first token ~130 ms later than through ``smollm2``)."""
+    from omni_rt.engine import smollm2
+
+    gguf = smollm2.ensure_served_gguf(smollm2.DEFAULT_FORMAT)
+    by_path = create_ar_scheduler(str(gguf), backend="llama.cpp", max_batch_size=2, kv_budget_tokens=4096, languages=["en"])
+    packaged = create_ar_scheduler("smollm2", backend="llama.cpp", max_batch_size=2, kv_budget_tokens=4096, languages=["en"])
+    assert by_path.tokenizer is not None
+    text = "What is the capital of France? <|im_start|>assistant"
+    assert by_path.tokenizer(text)["input_ids"] == packaged.tokenizer(text)["input_ids"]
+    assert by_path.logit_bias == packaged.logit_bias and by_path.logit_bias

@@ -104,7 +104,9 @@ def create_ar_scheduler(
                 threads=cpu_threads or 1,
                 parallel=max_batch_size,
                 ctx_size=kv_budget_tokens,
-                tokenizer=_try_tokenizer(tokenizer or (model if model == "smollm2" else None)),
+                # a .gguf carries its tokenizer (load_tokenizer reads it): without one a thinker has no token counts,
+                # so no history window, language bias, prefill hints or slot warming
+                tokenizer=_try_tokenizer(tokenizer or str(model)),
                 default_max_tokens=default_max_tokens,
                 history_tokens=history_tokens,
                 conversation_tokens=conversation_tokens,
