@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-barge", action="store_true", help="skip the barge-in turns")
     p.add_argument("--chunk-ms", type=int, default=20, help="microphone chunk, sent at its real-time instant (20-40)")
     p.add_argument("--gap-s", type=float, default=0.8, help="pause after an answer before the next question")
+    p.add_argument("--pace", choices=("done", "playback"), default="done",
+                   help="the pause starts at the answer's response.done (default) or once its audio has played")
     p.add_argument("--barge-delay-s", type=float, default=0.3, help="talk over the answer this long after its first audio")
     p.add_argument("--turn-timeout", type=float, default=90.0, help="seconds a turn may take before it counts as failed")
     p.add_argument("--no-warmup", action="store_true", help="skip the unrecorded warm-up turn on each server")

@@ -202,8 +202,9 @@ class Turn:
     first_audio: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def simulate_playback(deltas: list[tuple[float, int]], prebuffer_ms: float = 0.0) -> tuple[int, float]:
-    """Underruns of a 24 kHz player that starts ``prebuffer_ms`` after the first delta: (count, total gap ms)."""
+def _playback(deltas: list[tuple[float, int]], prebuffer_ms: float = 0.0) -> tuple[int, float, float | None]:
+    """A 24 kHz player that starts ``prebuffer_ms`` after the first delta: (underruns, total gap ms, when it has
+    played the last sample; None without audio)."""
     count, gap = 0, 0.0
     play_end: float | None = None
     for t, n in deltas:
@@ -216,7 +217,13 @@ def simulate_playback(deltas: list[tuple[float, int]], prebuffer_ms: float = 0.0
             play_end = t + d
         else:
             play_end += d
-    return count, gap * 1000.0
+    return count, gap * 1000.0, play_end
+
+
+def simulate_playback(deltas: list[tuple[float, int]], prebuffer_ms: float = 0.0) -> tuple[int, float]:
+    """Underruns of a 24 kHz player that starts ``prebuffer_ms`` after the first delta: (count, total gap ms)."""
+    count, gap, _ = _playback(deltas, prebuffer_ms)
+    return count, gap
 
 
 def turn_record(t: Turn) -> dict[str, Any]:
@@ -486,6 +493,13 @@ class BenchSession:
         await self._wait(turn, timeout)
         return turn
 
+    @staticmethod
+    async def listen(turn: Turn, pace: str) -> None:
+        """With ``pace`` "playback": until the answer's audio has played (a simulated 24 kHz player)."""
+        end = _playback(turn.resp.deltas)[2] if pace == "playback" and turn.resp is not None else None
+        if end is not None and end > time.perf_counter():
+            await asyncio.sleep(end - time.perf_counter())
+
     async def ask_hesitant(self, utt: Utterance, timeout: float) -> Turn:
         """A hesitant utterance: an answer cut off by a false end of turn does not count as the turn's answer."""
         turn = self._new_turn("hesitant", utt)
@@ -726,6 +740,11 @@ class Plan:
     barge_delay_s: float
     warmup: bool
     transcription: bool
+    # when a session speaks again: gap_s after the answer's response.done ("done": the answers' audio arrives
+    # faster than it plays, so sessions talk while their last answer would still sound) or after it has played
+    # ("playback": a listener who hears the answer out; the offered load then no longer depends on how far ahead
+    # of playback the server sends its audio)
+    pace: str = "done"
 
 
 def _log(msg: str) -> None:
@@ -755,7 +774,7 @@ async def run_sessions(url: str, n: int, corpus: dict[str, Utterance], plan: Pla
         await asyncio.sleep(0.5 + s.idx * stagger)
         for k in range(turns):
             q = QUESTIONS[(offset + s.idx + k) % len(QUESTIONS)]
-            await s.ask(corpus[q], plan.turn_timeout)
+            await s.listen(await s.ask(corpus[q], plan.turn_timeout), plan.pace)
             await asyncio.sleep(plan.gap_s)
         if s.idx in barge_sessions:
             await s.barge(corpus[LONG_QUESTION], corpus[INTERRUPT], plan.turn_timeout, plan.barge_delay_s)
@@ -936,7 +955,7 @@ async def run(args: Any) -> dict[str, Any]:
         ablation_turns=args.ablation_turns or (2 if quick else 3),
         variants=[v for v in (args.variants or ",".join(QUICK_VARIANTS if quick else VARIANTS)).split(",") if v and v != "none"],
         chunk_ms=args.chunk_ms, gap_s=args.gap_s, turn_timeout=args.turn_timeout, barge_delay_s=args.barge_delay_s,
-        warmup=not args.no_warmup, transcription=True,
+        warmup=not args.no_warmup, transcription=True, pace=args.pace,
     )
     for v in plan.variants:
         if v not in VARIANTS:

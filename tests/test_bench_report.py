@@ -28,3 +28,16 @@ def test_quality_bench_derives_its_two_presets(tmp_path):
     thinker = next(st for st in data["stages"] if st["name"] == data["entry"])
     assert not {"sampling", "answer_policy", "languages"} & set(thinker["args"])
     assert load_preset(greedy).name == "cpu-greedy"
+
+
+def test_a_listener_speaks_again_once_the_answer_has_played():
+    """``--pace playback``: the bench's simulated 24 kHz player, given the audio deltas as they arrived, says when
+    the answer has played (gaps included), which is when a listener who hears it out starts the pause."""
+    from latency_bench.realtime_bench import SR, _playback, simulate_playback
+
+    # 1 s at t=10, 1 s at t=10.5 (buffered), then 0.5 s at t=13 after the buffer ran dry at 12
+    deltas = [(10.0, SR), (10.5, SR), (13.0, SR // 2)]
+    count, gap_ms, end = _playback(deltas)
+    assert (count, round(gap_ms), round(end, 3)) == (1, 1000, 13.5)
+    assert simulate_playback(deltas) == (count, gap_ms)
+    assert _playback([])[2] is None
