@@ -446,9 +446,9 @@ def test_a_cached_binary_that_cannot_run_is_not_used(tmp_path):
 
 
 def test_a_gguf_path_brings_its_own_tokenizer(binary):
-    """``--thinker FILE.gguf`` (or a preset's ``model: FILE.gguf``) gets the tokenizer inside the file, the same
-    token ids as the packaged model's: without one the thinker had no history window, language bias or prefill
-    hints (a first token ~130 ms later than through ``smollm2``)."""
+    """A preset's ``model: FILE.gguf`` (no ``tokenizer:``) gets the tokenizer inside the file, the same token ids as
+    the packaged model's: without one the thinker had no history window, language bias or prefill hints.
+    (``--thinker FILE.gguf`` names the file as its tokenizer too, ``omni_rt.engine.thinker_choice``.)"""
     from omni_rt.engine import smollm2
 
     gguf = smollm2.ensure_served_gguf(smollm2.DEFAULT_FORMAT)

@@ -104,8 +104,8 @@ def create_ar_scheduler(
                 threads=cpu_threads or 1,
                 parallel=max_batch_size,
                 ctx_size=kv_budget_tokens,
-                # a .gguf carries its tokenizer (load_tokenizer reads it): without one a thinker has no token counts,
-                # so no history window, language bias, prefill hints or slot warming
+                # a .gguf carries its tokenizer (load_tokenizer reads it), for a preset's `model: FILE.gguf` too:
+                # without one a thinker has no token counts, so no history window, language bias or prefill hints
                 tokenizer=_try_tokenizer(tokenizer or str(model)),
                 default_max_tokens=default_max_tokens,
                 history_tokens=history_tokens,
