@@ -251,6 +251,10 @@ def turn_record(t: Turn) -> dict[str, Any]:
         else:
             cancelled = r.status == "cancelled" and t.t_barge is not None
             rec["barge_cancelled"] = cancelled
+            if not cancelled and rec["failure"] is None and r.status == "completed":
+                # a fast thinker and talker can send the whole answer before the interruption's speech_started:
+                # nothing is left to cancel (a client truncates what it has not played), so it is no barge-in sample
+                rec["failure"] = "the whole answer was sent before the barge-in's speech_started"
             if cancelled:
                 last = max((ts for ts, _ in r.deltas), default=None)
                 rec["barge_stop_ms"] = max(0.0, ms(last, t.t_barge) or 0.0) if last is not None else 0.0
