@@ -498,11 +498,11 @@ class BenchSession:
         return turn
 
     @staticmethod
-    async def listen(turn: Turn, pace: str) -> None:
-        """With ``pace`` "playback": until the answer's audio has played (a simulated 24 kHz player)."""
-        end = _playback(turn.resp.deltas)[2] if pace == "playback" and turn.resp is not None else None
-        if end is not None and end > time.perf_counter():
-            await asyncio.sleep(end - time.perf_counter())
+    async def rest(turn: Turn, plan: "Plan") -> None:
+        """The pause before the session speaks again: ``plan.gap_s``, after the answer has played (a simulated
+        24 kHz player) when ``plan.pace`` is "playback"."""
+        end = _playback(turn.resp.deltas)[2] if plan.pace == "playback" and turn.resp is not None else None
+        await asyncio.sleep(max(0.0, (end or 0.0) - time.perf_counter()) + plan.gap_s)
 
     async def ask_hesitant(self, utt: Utterance, timeout: float) -> Turn:
         """A hesitant utterance: an answer cut off by a false end of turn does not count as the turn's answer."""
@@ -778,8 +778,7 @@ async def run_sessions(url: str, n: int, corpus: dict[str, Utterance], plan: Pla
         await asyncio.sleep(0.5 + s.idx * stagger)
         for k in range(turns):
             q = QUESTIONS[(offset + s.idx + k) % len(QUESTIONS)]
-            await s.listen(await s.ask(corpus[q], plan.turn_timeout), plan.pace)
-            await asyncio.sleep(plan.gap_s)
+            await s.rest(await s.ask(corpus[q], plan.turn_timeout), plan)
         if s.idx in barge_sessions:
             await s.barge(corpus[LONG_QUESTION], corpus[INTERRUPT], plan.turn_timeout, plan.barge_delay_s)
             await asyncio.sleep(plan.gap_s)
@@ -1079,11 +1078,10 @@ async def run_turn_sessions(url: str, n: int, mode: str, complete: list[Utteranc
     async def script(s: BenchSession) -> None:
         await asyncio.sleep(0.5 + s.idx * stagger)
         for k in range(turns):
-            await s.ask(complete[(offset + s.idx * turns + k) % len(complete)], plan.turn_timeout)
-            await asyncio.sleep(plan.gap_s)
+            await s.rest(await s.ask(complete[(offset + s.idx * turns + k) % len(complete)], plan.turn_timeout), plan)
         for k in range(n_hesitant):
-            await s.ask_hesitant(hesitant[(offset + s.idx * n_hesitant + k) % len(hesitant)], plan.turn_timeout)
-            await asyncio.sleep(plan.gap_s)
+            await s.rest(await s.ask_hesitant(hesitant[(offset + s.idx * n_hesitant + k) % len(hesitant)],
+                                              plan.turn_timeout), plan)
 
     return await _run_scripts(sessions, script)
 
@@ -1237,7 +1235,7 @@ def main_turn_taking(args: Any) -> int:
             raise SystemExit(f"--turn-detection: unknown mode {mode!r}; choose from {list(TURN_DETECTION)}")
     plan = Plan(levels=[int(x) for x in (args.sessions or "1").split(",")], turns=args.turns or 0, barge="none",
                 ablation_turns=0, variants=[], chunk_ms=args.chunk_ms, gap_s=args.gap_s, turn_timeout=args.turn_timeout,
-                barge_delay_s=0.0, warmup=not args.no_warmup, transcription=True)
+                barge_delay_s=0.0, warmup=not args.no_warmup, transcription=True, pace=args.pace)
     plan.max_output_tokens = args.max_output_tokens  # type: ignore[attr-defined]
     result = asyncio.run(run_turn_taking(args, plan, modes))
     out_json = Path(args.out).with_name("turn_taking.json") if Path(args.out).name == "latest.json" else Path(args.out)
