@@ -102,3 +102,20 @@ def test_first_token_split_by_the_upstreams_own_timings():
     assert t.queue_s == 0.0 and abs(t.compute_s - 0.5) < 1e-9
     t = first_token_timing(10.0, 10.1, {"prompt_ms": 500.0})  # clocks disagree: capped, the wait stays >= 0
     assert t.queue_s == 0.0 and abs(t.compute_s - 0.1) < 1e-9
+
+
+async def test_the_servers_numpy_blas_pool_runs_one_thread(live_server, speech_samples):
+    """numpy's OpenBLAS, left at one thread per core, wakes a worker for Whisper's mel filter that then spins ~100
+    ms: on two cores that is CPU the other sessions' decodes need (README "Several sessions at once").
+    ``/debug/state`` lists the native pools the server loaded; after a spoken turn numpy's BLAS runs one thread."""
+    audio, sr, _ = speech_samples["capital"]
+    async with asyncio.timeout(180), connect(live_server) as rt:
+        await rt.update({"max_output_tokens": 8, "audio": {"input": {
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 500, "create_response": True}}}})
+        for chunk in pcm_chunks_b64(speech_with_silence(audio, sr, tail_s=1.5)):
+            await rt.send({"type": "input_audio_buffer.append", "audio": chunk})
+        assert (await rt.until("response.done"))["response"]["status"] == "completed"
+    pools = (await asyncio.to_thread(live_server.state))["thread_pools"]
+    blas = [p for p in pools if p["api"] == "openblas"]
+    assert blas, f"numpy's OpenBLAS is not among the loaded pools: {pools}"
+    assert all(p["threads"] == 1 for p in blas), pools

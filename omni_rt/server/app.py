@@ -8,10 +8,12 @@ import asyncio
 import contextlib
 import hmac
 import logging
+from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from threadpoolctl import threadpool_info
 
 from omni_rt.resources import web_dir
 from omni_rt.server.connections import over_capacity
@@ -109,8 +111,10 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
             return refused
         cache = {name: state for name, st in runtime.coordinator.stages.items()
                  if (state := st.scheduler.cache_state())}  # e.g. the thinker's prefix/KV accounting
+        pools = [{"library": Path(p["filepath"]).name, "api": p["internal_api"], "threads": p["num_threads"]}
+                 for p in threadpool_info()]  # the native thread pools loaded here: what shares the cores
         return JSONResponse({"live": runtime.live_state(), "total": runtime.coordinator.live_total(),
-                             "sessions": len(runtime.sessions), "cache": cache})
+                             "sessions": len(runtime.sessions), "cache": cache, "thread_pools": pools})
 
     @app.get("/debug/stage_times")
     async def debug_stage_times(request: Request, after: int = 0) -> JSONResponse:

@@ -40,5 +40,8 @@ class ServerSettings(BaseSettings):
     random_weights: Literal["full", "tiny"] | None = Field(None, description="random weights of the real shapes on "
                                                            "every stage that supports it ('tiny': shrunk, for CPU)")
     shutdown_grace_s: float = Field(5.0, ge=0, description="time open answers get to finish at shutdown")
+    blas_threads: int = Field(1, ge=1, description="threads of numpy's BLAS pool (OpenBLAS) in the server process: "
+                              "its idle worker spins ~100 ms after every call, while the server's only BLAS work is "
+                              "tiny (Whisper's mel filter, ~0.5 ms a decode)")
     webrtc_media_timeout_s: float = Field(15.0, gt=0, description="end a WebRTC call when no audio arrives from the "
                                           "peer for this long (a peer that vanished without hanging up)")
