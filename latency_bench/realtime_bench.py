@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from latency_bench import report
+from latency_bench import procstat, report
 
 log = logging.getLogger("latency_bench")
 
@@ -827,19 +827,25 @@ async def warmup(url: str, corpus: dict[str, Utterance], plan: Plan) -> None:
         await s.close()
 
 
-async def run_sweep(url: str, http_url: str, corpus: dict[str, Utterance], plan: Plan) -> dict[str, Any]:
+async def run_sweep(url: str, http_url: str, corpus: dict[str, Utterance], plan: Plan,
+                    pid: int | None = None) -> dict[str, Any]:
+    """Each level's turns; ``pid``: the server's process (one this run started), whose CPU and its children's
+    (llama-server) each level charges to its answered turns."""
     out: dict[str, Any] = {}
     for li, n in enumerate(plan.levels):
         barge = set(range(n)) if plan.barge == "all" else ({0} if plan.barge == "first" else set())
         _log(f"sweep: {n} session(s) x {plan.turns} turn(s){' + barge-in' if barge else ''}")
         before = scrape(http_url) if http_url else {}
         mark = stage_samples(http_url) if http_url else None
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), procstat.cpu_split(pid)
         records, info = await run_sessions(url, n, corpus, plan, plan.turns, barge, offset=li)
+        cpu1 = procstat.cpu_split(pid)
         hist = histogram_delta(before, scrape(http_url)) if http_url else {}
         got = stage_samples(http_url, mark["last"]) if mark is not None else None
         res = level_result(records, info, hist, got["samples"] if got is not None else None)
         res["wall_s"] = round(time.perf_counter() - t0, 1)
+        if cpu0 and cpu1 and res["turns_ok"]:
+            res["cpu_ms_per_turn"] = {k: round((cpu1[k] - cpu0[k]) * 1000 / res["turns_ok"]) for k in cpu0}
         s = res["summary"]["ttfa_ms"]
         _log(f"  {n} session(s): {res['turns_ok']} ok, {res['turns_failed']} failed; TTFA p50 {s['p50']} p95 {s['p95']} ms")
         out[str(n)] = res
@@ -1004,7 +1010,7 @@ async def run(args: Any) -> dict[str, Any]:
         try:
             if plan.warmup:
                 await warmup(base.ws_url, corpus, plan)
-            result["sweep"] = await run_sweep(base.ws_url, base.http_url, corpus, plan)
+            result["sweep"] = await run_sweep(base.ws_url, base.http_url, corpus, plan, base.proc.pid if base.proc else None)
             others = [v for v in plan.variants if v != "streaming"]
             if "streaming" in plan.variants and not others:
                 baseline.append(await run_variant(base.ws_url, corpus, plan, "streaming"))

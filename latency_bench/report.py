@@ -194,6 +194,10 @@ def stage_time_table(result: dict[str, Any], markdown: bool = False) -> str:
                 mark = "" if not v or v.get("exact", True) else "~"  # ~: interpolated in histogram buckets
                 row.append(f"{mark}{_fmt(v.get('p50_ms'))} / {mark}{_fmt(v.get('p95_ms'))} (n={v.get('count', 0)})" if v else "-")
         rows.append(row)
+    # the CPU the level burnt, per answered turn (a run that started its server): what two shared cores must fit
+    for part, label in (("server", "CPU per turn: server process"), ("children", "CPU per turn: its children (llama-server)")):
+        if any(part in levels[k].get("cpu_ms_per_turn", {}) for k in keys):
+            rows.append([label] + [c for k in keys for c in ("", _fmt(levels[k].get("cpu_ms_per_turn", {}).get(part)))])
     return _table(header, rows, markdown)
 
 

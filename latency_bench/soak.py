@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from latency_bench.procstat import rss_mb, tree
 from latency_bench.realtime_bench import PRESETS_DIR, Server
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -174,35 +175,16 @@ async def _session(url: str, idx: int, cls: str, turns: int, stats: Stats, timeo
             await ws.close()
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (the server and its llama-server child)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
-        except OSError:
-            pass
-    return out
-
-
-def _rss_mb(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")) / 1024
-
-
 def _proc(pid: int | None) -> dict[str, Any]:
     """RSS of the server process and of it with its children; its open file descriptors (Linux ``/proc``)."""
     if pid is None:
         return {}
     try:
         total = 0.0
-        for p in _tree(pid):
+        for p in tree(pid):
             with contextlib.suppress(OSError, StopIteration, ValueError):
-                total += _rss_mb(p)
-        return {"rss_mb": round(_rss_mb(pid), 1), "rss_tree_mb": round(total, 1), "open_fds": len(os.listdir(f"/proc/{pid}/fd"))}
+                total += rss_mb(p)
+        return {"rss_mb": round(rss_mb(pid), 1), "rss_tree_mb": round(total, 1), "open_fds": len(os.listdir(f"/proc/{pid}/fd"))}
     except (OSError, StopIteration, ValueError):
         return {}
 
