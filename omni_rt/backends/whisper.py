@@ -57,7 +57,7 @@ class FasterWhisperASR:
         self,
         model_dir: str | Path | None = None,
         compute_type: str = "int8",
-        cpu_threads: int = 2,
+        cpu_threads: int = 1,  # one: faster and cheaper than two on a 2-vCPU box (models/cpu.yaml)
         beam_size: int = 1,
         language: str = "en",
         device: str = "cpu",

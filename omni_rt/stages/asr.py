@@ -542,7 +542,7 @@ def create_asr_stage(
     model: str | None = None,
     device: str = "cpu",
     compute_type: str = "int8",
-    cpu_threads: int = 2,
+    cpu_threads: int = 1,
     speculative_after_ms: int = 150,
     partial_interval_ms: int = 1200,
     speculative_alone_after_ms: int | None = None,
