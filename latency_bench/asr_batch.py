@@ -19,7 +19,7 @@ import numpy as np
 
 
 def _round(sched, audios: list[np.ndarray]) -> dict[str, float]:
-    from omni_rt.core.messages import IncomingMessage
+    from omni_rt.pipeline.messages import IncomingMessage
 
     sids = [f"s{i}" for i in range(len(audios))]
     t0 = time.perf_counter()
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.tts_piper import PiperTTS
     from omni_rt.backends.vad import SileroVadModel
-    from omni_rt.core.messages import IncomingMessage
+    from omni_rt.pipeline.messages import IncomingMessage
     from omni_rt.stages.asr import AsrWorker
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

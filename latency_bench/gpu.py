@@ -279,7 +279,7 @@ def playback(deltas: list[tuple[float, int]]) -> tuple[int, float]:
 
 async def one_answer(coord, rid: str, plan: Plan, seed: int) -> dict[str, Any]:
     """One text turn: TTFA (submit -> first PCM of the audio role's stage) and underruns over ``audio_s``."""
-    from omni_rt.core.coordinator import ResultItem, StreamItem
+    from omni_rt.pipeline.coordinator import ResultItem, StreamItem
 
     from omni_rt.contracts.payloads import text_of
 
@@ -319,7 +319,7 @@ async def one_answer(coord, rid: str, plan: Plan, seed: int) -> dict[str, Any]:
 async def preset_latency(plan: Plan, on_level: Any = None) -> dict[str, Any]:
     """``on_level(partial)``: called after each concurrency level with the result so far (a run cut short by
     its time limit keeps the levels it finished)."""
-    from omni_rt.core.coordinator import Coordinator
+    from omni_rt.pipeline.coordinator import Coordinator
 
     t0 = time.perf_counter()
     config, changed = preset_config(plan)

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omni_rt.core.config import PipelineConfig
-from omni_rt.core.coordinator import Coordinator
-from omni_rt.core.simple_scheduler import SimpleScheduler
+from omni_rt.pipeline.config import PipelineConfig
+from omni_rt.pipeline.coordinator import Coordinator
+from omni_rt.pipeline.schedulers.simple import SimpleScheduler
 
 HERE = "latency_bench.pipeline_overhead"
 RESULTS = Path(__file__).resolve().parent / "results" / "pipeline_overhead.json"

@@ -10,7 +10,7 @@ import queue
 import time
 from typing import Any, Iterable
 
-from omni_rt.core.messages import IncomingMessage
+from omni_rt.pipeline.messages import IncomingMessage
 
 
 def send(scheduler: Any, request_id: str, data: dict[str, Any]) -> None:

@@ -49,7 +49,7 @@ def measure_asr(asr_args: dict[str, Any], audio16: np.ndarray, repeats: int) -> 
     """The real ASR stage, started, fed 20 ms chunks in real time: speech_stopped -> transcript.final."""
     import queue
 
-    from omni_rt.core.messages import IncomingMessage
+    from omni_rt.pipeline.messages import IncomingMessage
     from omni_rt.stages.asr import create_asr_stage
 
     spec_after = int(asr_args.get("speculative_alone_after_ms") or asr_args.get("speculative_after_ms", 150))  # one session
@@ -120,7 +120,7 @@ class Thinker:
         self.sched.start()
 
     def ask(self, messages: list[dict[str, str]], session_id: str | None, max_tokens: int = 96) -> dict[str, Any]:
-        from omni_rt.core.messages import IncomingMessage
+        from omni_rt.pipeline.messages import IncomingMessage
         from omni_rt.stages.clause_splitter import ClauseSplitter
 
         rid = f"bench-{uuid.uuid4().hex[:8]}"
@@ -222,7 +222,7 @@ def measure_thinker(args: dict[str, Any], transcript: str, repeats: int) -> tupl
 
 # ------------------------------------------------------------------------------------------------- talker, vocoder
 def measure_talker_vocoder(clause: str, voc_args: dict[str, Any], repeats: int, tts: Any) -> list[dict[str, Any]]:
-    from omni_rt.core.streaming_scheduler import StreamState
+    from omni_rt.pipeline.schedulers.streaming import StreamState
     from omni_rt.stages.vocoder import create_pcm_vocoder
 
     tts.synthesize(clause)  # warm

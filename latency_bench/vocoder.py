@@ -21,7 +21,7 @@ import numpy as np
 
 def measure(model: Any, streams: int, frames: int, max_batch_streams: int) -> dict[str, float]:
     """Decodes/s (one decode = one stream's frame) over talker steps 3..frames, after a warm-up stream."""
-    from omni_rt.core.messages import IncomingMessage
+    from omni_rt.pipeline.messages import IncomingMessage
     from omni_rt.contracts.payloads import CodecFrames
     from omni_rt.stages.vocoder import SnacVocoder
 

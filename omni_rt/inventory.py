@@ -17,7 +17,7 @@ from omni_rt.backends.whisper import default_whisper_dir
 from omni_rt.backends.tts_piper import VOICE_NAME, default_voice_path
 from omni_rt.backends.turn_model import smart_turn_onnx_path
 from omni_rt.backends.vad import silero_onnx_path
-from omni_rt.core.config import PipelineConfig, StageConfig
+from omni_rt.pipeline.config import PipelineConfig, StageConfig
 from omni_rt.engine import llama_cpp, smollm2
 from omni_rt.presets import PRESET_DIR, available_presets, load_preset
 from omni_rt.resources import ablation_preset_dir

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omni_rt.core.config import PipelineConfig
+from omni_rt.pipeline.config import PipelineConfig
 from omni_rt.resources import preset_dir
 
 PRESET_DIR = preset_dir()

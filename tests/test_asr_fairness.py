@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from omni_rt.audio.pcm import resample
-from omni_rt.core.messages import IncomingMessage
+from omni_rt.pipeline.messages import IncomingMessage
 from omni_rt.stages.asr import AsrWorker
 
 MANUAL = {"turn_detection": None, "partials": False}

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from omni_rt.core.coordinator import PipelineError, StreamItem
+from omni_rt.pipeline.coordinator import PipelineError, StreamItem
 
 try:  # the repo root is on sys.path (python -m pytest / PYTHONPATH=.)
     from tests import toy_stages as toy

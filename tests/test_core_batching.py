@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from omni_rt.core.messages import IncomingMessage
+from omni_rt.pipeline.messages import IncomingMessage
 
 try:  # the repo root is on sys.path (python -m pytest / PYTHONPATH=.)
     from tests import toy_stages as toy

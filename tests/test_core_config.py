@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from omni_rt.core.config import ConfigError, PipelineConfig
-from omni_rt.core.coordinator import Coordinator
+from omni_rt.pipeline.config import ConfigError, PipelineConfig
+from omni_rt.pipeline.coordinator import Coordinator
 
 try:  # the repo root is on sys.path (python -m pytest / PYTHONPATH=.)
     from tests import toy_stages as toy

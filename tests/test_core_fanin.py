@@ -6,7 +6,7 @@ import asyncio
 
 import yaml
 
-from omni_rt.core.config import PipelineConfig
+from omni_rt.pipeline.config import PipelineConfig
 
 try:  # the repo root is on sys.path (python -m pytest / PYTHONPATH=.)
     from tests import toy_stages as toy

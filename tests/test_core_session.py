@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from omni_rt.core.messages import IncomingMessage
+from omni_rt.pipeline.messages import IncomingMessage
 
 try:  # the repo root is on sys.path (python -m pytest / PYTHONPATH=.)
     from tests import toy_stages as toy

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from omni_rt.core.config import PipelineConfig
-from omni_rt.core.coordinator import ResultItem, StreamItem
-from omni_rt.core.messages import IncomingMessage
+from omni_rt.pipeline.config import PipelineConfig
+from omni_rt.pipeline.coordinator import ResultItem, StreamItem
+from omni_rt.pipeline.messages import IncomingMessage
 
 try:  # the repo root is on sys.path (python -m pytest / PYTHONPATH=.)
     from tests import toy_stages as toy

@@ -14,8 +14,8 @@ import yaml
 
 from omni_rt.presets import PRESET_DIR, load_preset
 from omni_rt.contracts.payloads import SpeechPrompt, TranscriptFinal
-from omni_rt.core.config import PipelineConfig
-from omni_rt.core.coordinator import Coordinator, ResultItem, StreamItem
+from omni_rt.pipeline.config import PipelineConfig
+from omni_rt.pipeline.coordinator import Coordinator, ResultItem, StreamItem
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_clause_budget_covers_slow_speech():
 
 
 def test_speech_prompts_are_orpheus_prompts_with_start_tokens(tiny_models):
-    from omni_rt.core.messages import IncomingMessage
+    from omni_rt.pipeline.messages import IncomingMessage
     from omni_rt.contracts.payloads import SpeechPrompt, TextDelta
     from omni_rt.stages.speech_prompts import (END_OF_HUMAN, END_OF_SPEECH, START_OF_AI, START_OF_HUMAN, START_OF_SPEECH,
                                                clause_token_budget, create_speech_prompts)
@@ -182,7 +182,7 @@ def test_codec_lm_abort_mid_segment_leaks_no_inner_id(tiny_models):
     emits (its tokens, its abort result) leaves under the internal segment id."""
     import time
 
-    from omni_rt.core.messages import IncomingMessage
+    from omni_rt.pipeline.messages import IncomingMessage
     from omni_rt.engine.factory import create_ar_scheduler
     from omni_rt.engine.segments import SEGMENT_SEP
 
@@ -212,7 +212,7 @@ def test_codec_lm_runs_a_responses_prompts_in_order(tiny_models):
     """The codec LM is a plain AR scheduler: stream chunks are prompts, generated one after another under the
     response's id (segment numbers in order), batched with another response's; the result comes after the last
     segment, the payload's keys kept; abort mid-stream and a bad chunk each end only their own response."""
-    from omni_rt.core.messages import IncomingMessage
+    from omni_rt.pipeline.messages import IncomingMessage
     from omni_rt.engine.factory import create_ar_scheduler
     from omni_rt.contracts.payloads import TokenDelta
 

@@ -125,8 +125,8 @@ async def test_gpu_preset_on_random_weights_end_to_end(speech_samples):
     import inspect
 
     from omni_rt.audio.pcm import resample
-    from omni_rt.core.config import import_string
-    from omni_rt.core.coordinator import Coordinator, ResultItem, StreamItem
+    from omni_rt.pipeline.config import import_string
+    from omni_rt.pipeline.coordinator import Coordinator, ResultItem, StreamItem
     from omni_rt.contracts.payloads import TranscriptFinal
 
     cfg = load_preset("gpu")

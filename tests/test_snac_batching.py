@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from omni_rt.core.messages import IncomingMessage
+from omni_rt.pipeline.messages import IncomingMessage
 from omni_rt.contracts.payloads import CodecFrames
 
 # small_snac: tests/conftest.py

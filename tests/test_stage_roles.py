@@ -14,7 +14,7 @@ import yaml
 from conftest import ROOT, start_server, stop_server
 from rt_helpers import pcm_chunks_b64, speech_with_silence, validate_event
 
-from omni_rt.core.config import ConfigError, PipelineConfig
+from omni_rt.pipeline.config import ConfigError, PipelineConfig
 
 RENAMES = {"asr": "ears", "thinker": "brain", "talker": "mouth", "vocoder": "voice"}
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from omni_rt.contracts.payloads import Clause, TextDelta
-from omni_rt.core.messages import IncomingMessage
+from omni_rt.pipeline.messages import IncomingMessage
 from omni_rt.stages.talker import create_piper_talker
 
 LONG = "Paris is the capital. It sits on the Seine river in the north. It has about two million people living in it. " \

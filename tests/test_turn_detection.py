@@ -19,7 +19,7 @@ from rt_helpers import heard, pcm_chunks_b64, speech_with_silence
 from test_server_protocol import connect, of_type
 
 from omni_rt.audio.pcm import resample
-from omni_rt.core.messages import IncomingMessage
+from omni_rt.pipeline.messages import IncomingMessage
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.session_config import SessionConfig
 from omni_rt.contracts import payloads as c

@@ -13,12 +13,12 @@ import threading
 import time
 from typing import Any, AsyncIterator, Callable
 
-from omni_rt.core.config import PipelineConfig
-from omni_rt.core.coordinator import Coordinator
-from omni_rt.core.scheduler import ThreadedScheduler
-from omni_rt.core.session_scheduler import Session, SessionScheduler
-from omni_rt.core.simple_scheduler import SimpleScheduler
-from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
+from omni_rt.pipeline.config import PipelineConfig
+from omni_rt.pipeline.coordinator import Coordinator
+from omni_rt.pipeline.schedulers.base import ThreadedScheduler
+from omni_rt.pipeline.schedulers.session import Session, SessionScheduler
+from omni_rt.pipeline.schedulers.simple import SimpleScheduler
+from omni_rt.pipeline.schedulers.streaming import StreamingSimpleScheduler, StreamState
 
 M = __name__  # "tests.toy_stages", or "toy_stages" when pytest put tests/ on sys.path
 

@@ -51,8 +51,8 @@ from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from omni_rt.core.messages import IncomingMessage
-from omni_rt.core.scheduler import ThreadedScheduler
+from omni_rt.pipeline.messages import IncomingMessage
+from omni_rt.pipeline.schedulers.base import ThreadedScheduler
 from omni_rt.engine.heap import give_back_heap
 from omni_rt.engine.history import request_error_code
 from omni_rt.engine.language import vocab_bias

@@ -16,8 +16,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from omni_rt.core.messages import IncomingMessage, StageTiming
-from omni_rt.core.scheduler import ThreadedScheduler
+from omni_rt.pipeline.messages import IncomingMessage, StageTiming
+from omni_rt.pipeline.schedulers.base import ThreadedScheduler
 from omni_rt.engine.answer_policy import AnswerPolicy
 from omni_rt.engine.history import HistoryWindow, request_error_code
 from omni_rt.engine.language import check_languages, steer_messages

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
-from omni_rt.core.scheduler import ThreadedScheduler
+from omni_rt.pipeline.schedulers.base import ThreadedScheduler
 
 log = logging.getLogger(__name__)
 # llama.cpp-only stage args: a preset names them beside the args every backend shares, so the same stage can

@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from omni_rt.core.messages import IncomingMessage, OutgoingMessage
+from omni_rt.pipeline.messages import IncomingMessage, OutgoingMessage
 from omni_rt.contracts.payloads import ToolCallDelta, ToolCallDone, text_of
 
 

@@ -190,7 +190,7 @@ def explicit_params(factory: str) -> set[str]:
     """The named parameters of ``factory`` (not ``**kwargs``: passing an unknown key through would fail later)."""
     import inspect
 
-    from omni_rt.core.config import import_string
+    from omni_rt.pipeline.config import import_string
 
     try:
         params = inspect.signature(import_string(factory)).parameters.values()

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni_rt.core.streaming_scheduler import StreamState
+from omni_rt.pipeline.schedulers.streaming import StreamState
 
 SEGMENT_SEP = "/seg"  # inner ids are f"{owner}{SEGMENT_SEP}{n}": never a client-visible id
 MAX_QUEUED_SEGMENTS = 256  # per request: a runaway upstream fails its own request, not the stage

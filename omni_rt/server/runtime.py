@@ -11,8 +11,8 @@ from threadpoolctl import threadpool_limits
 
 from omni_rt.presets import load_preset
 from omni_rt.audio import PIPELINE_INPUT_RATE
-from omni_rt.core.config import ConfigError, PipelineConfig
-from omni_rt.core.coordinator import Coordinator
+from omni_rt.pipeline.config import ConfigError, PipelineConfig
+from omni_rt.pipeline.coordinator import Coordinator
 from omni_rt.realtime.session_config import SessionConfig
 from omni_rt.server.metrics import Metrics
 from omni_rt.server.settings import ServerSettings

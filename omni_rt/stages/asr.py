@@ -67,8 +67,8 @@ from typing import Any
 
 import numpy as np
 
-from omni_rt.core.messages import IncomingMessage
-from omni_rt.core.session_scheduler import Session, SessionLimitError, SessionScheduler
+from omni_rt.pipeline.messages import IncomingMessage
+from omni_rt.pipeline.schedulers.session import Session, SessionLimitError, SessionScheduler
 from omni_rt.audio import PIPELINE_INPUT_RATE
 from omni_rt.contracts.turn_detection import SCORE_AFTER_MS, SECOND_LOOK_MS, SERVER_VAD, TurnDetection
 from omni_rt.stages.asr_decoding import DecodeJob, DecodeQueue, Transcriber

@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from omni_rt.backends.snac_codec import CODES_PER_FRAME
-from omni_rt.core.streaming_scheduler import StreamState
+from omni_rt.pipeline.schedulers.streaming import StreamState
 from omni_rt.stages.clause_stream import ClauseStreamWorker
 from omni_rt.contracts.payloads import SpeechPrompt
 

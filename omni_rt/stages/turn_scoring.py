@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from omni_rt.contracts.turn_detection import Eagerness, words_cue
-from omni_rt.core.session_scheduler import SessionLimitError
+from omni_rt.pipeline.schedulers.session import SessionLimitError
 
 WINDOW_S = 8  # Smart Turn hears the last 8 s
 

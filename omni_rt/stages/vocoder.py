@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from omni_rt.core.messages import IncomingMessage
+from omni_rt.pipeline.messages import IncomingMessage
 from omni_rt.audio.pcm import StreamResampler, float_to_pcm16
 from omni_rt.audio import PIPELINE_OUTPUT_RATE
-from omni_rt.core.streaming_scheduler import StreamingSimpleScheduler, StreamState
+from omni_rt.pipeline.schedulers.streaming import StreamingSimpleScheduler, StreamState
 from omni_rt.backends.snac_codec import OrpheusFrameAssembler
 from omni_rt.contracts.payloads import Clause, CodecFrames, PcmChunk, TokenDelta
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from omni_rt.core.config import PipelineConfig
-from omni_rt.core.coordinator import Coordinator
+from omni_rt.pipeline.config import PipelineConfig
+from omni_rt.pipeline.coordinator import Coordinator
 from omni_rt.session.core import SessionLimits
 
 

@@ -13,7 +13,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from omni_rt.core.coordinator import PipelineError, ResultItem, StreamItem
+from omni_rt.pipeline.coordinator import PipelineError, ResultItem, StreamItem
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.session import commands as cmd
 from omni_rt.session.core import RealtimeSession

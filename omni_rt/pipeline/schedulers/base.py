@@ -6,7 +6,7 @@ import queue
 import threading
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from omni_rt.core.messages import IncomingMessage, OutgoingMessage
+from omni_rt.pipeline.messages import IncomingMessage, OutgoingMessage
 
 
 class Outbox(queue.Queue):

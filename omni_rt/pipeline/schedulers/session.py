@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni_rt.core.messages import IncomingMessage
-from omni_rt.core.scheduler import ThreadedScheduler
+from omni_rt.pipeline.messages import IncomingMessage
+from omni_rt.pipeline.schedulers.base import ThreadedScheduler
 
 
 class SessionLimitError(RuntimeError):

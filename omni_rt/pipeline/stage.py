@@ -11,17 +11,31 @@ import asyncio
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
-from omni_rt.core.messages import IncomingMessage, OutgoingMessage
-from omni_rt.core.scheduler import Scheduler
-
-if TYPE_CHECKING:
-    from omni_rt.core.coordinator import Coordinator
+from omni_rt.pipeline.messages import IncomingMessage, OutgoingMessage, StageTiming
+from omni_rt.pipeline.schedulers.base import Scheduler
 
 log = logging.getLogger(__name__)
 
 OUTBOX_BURST = 64  # messages handled before yielding the event loop to other stages
+
+
+class StageOwner(Protocol):
+    """What a stage reports to whoever runs the pipeline (the ``Coordinator``).
+
+    Named here, at the stage, so the stage depends on a contract rather than on the coordinator that imports it.
+    """
+
+    def on_stream(self, stage: str, request_id: str, data: Any, metadata: dict[str, Any]) -> None: ...
+
+    def on_result(self, stage: str, request_id: str, data: Any, metadata: dict[str, Any]) -> None: ...
+
+    def on_timing(self, stage: str, request_id: str, timing: StageTiming) -> None: ...
+
+    def on_error(self, stage: str, request_id: str, message: str, code: str) -> bool: ...
+
+    def on_event(self, stage: str, session_id: str, event: dict[str, Any]) -> None: ...
 
 
 @dataclass
@@ -50,7 +64,7 @@ class Stage:
         self.name = name
         self.scheduler = scheduler
         self.routing = routing
-        self.coordinator: Coordinator | None = None
+        self.coordinator: StageOwner | None = None
         self.peers: dict[str, Stage] = {}
         self.active: set[str] = set()
         self.aborted: OrderedDict[str, None] = OrderedDict()  # recent aborts, to drop late outputs

@@ -1,6 +1,6 @@
 """Declarative pipeline configuration (pydantic), loadable from YAML or TOML.
 
-Routing is compiled from this at start-up (see ``omni_rt.core.routing``); every validation error names the
+Routing is compiled from this at start-up (see ``omni_rt.pipeline.routing``); every validation error names the
 stage and the field so a broken preset is fixed in one look.
 """
 

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from omni_rt.core.messages import IncomingMessage, StageTiming
-from omni_rt.core.scheduler import ThreadedScheduler
+from omni_rt.pipeline.messages import IncomingMessage, StageTiming
+from omni_rt.pipeline.schedulers.base import ThreadedScheduler
 
 
 @dataclass

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from omni_rt.core.config import ConfigError, PipelineConfig, StageConfig, resolve_callable
-from omni_rt.core.messages import StageTiming
-from omni_rt.core.stage import Routing, Stage
+from omni_rt.pipeline.config import ConfigError, PipelineConfig, StageConfig, resolve_callable
+from omni_rt.pipeline.messages import StageTiming
+from omni_rt.pipeline.stage import Routing, Stage
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from omni_rt.core.messages import IncomingMessage
-from omni_rt.core.scheduler import ThreadedScheduler
+from omni_rt.pipeline.messages import IncomingMessage
+from omni_rt.pipeline.schedulers.base import ThreadedScheduler
 
 
 class SimpleScheduler(ThreadedScheduler):

@@ -1,0 +1,1 @@
+"""Schedulers: the compute half of a stage, each in its own thread (see ``base.ThreadedScheduler``)."""
