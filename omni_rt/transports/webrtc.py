@@ -38,7 +38,7 @@ from omni_rt.audio.formats import decode_bytes, encode_float, format_rate, parse
 from omni_rt.audio.pcm import StreamResampler
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.events import new_id
-from omni_rt.session.core import RealtimeSession, SessionOptions
+from omni_rt.transports.host import new_session
 from omni_rt.transports.runner import SessionRunner
 from omni_rt.transports.webrtc_media import WIRE_RATE, PacedAudioTrack, decode_on_arrival, webrtc_available
 from omni_rt.transports.webrtc_offer import DATA_CHANNEL, CallError, check_offer, read_offer
@@ -326,8 +326,7 @@ class CallRegistry:
         self.host = host
         self.calls: dict[str, Call] = {}
 
-    async def create(self, offer_sdp: str, session_config: dict[str, Any] | None, model: str | None,
-                     default_model: str) -> Call:
+    async def create(self, offer_sdp: str, session_config: dict[str, Any] | None, model: str | None) -> Call:
         """Answer an offer: a new session (its config applied like ``session.update``), counted as a session
         from the first moment so concurrent offers cannot exceed ``max_sessions``."""
         if not webrtc_available():
@@ -336,11 +335,9 @@ class CallRegistry:
         host = self.host
         if model is None and session_config is not None and isinstance(session_config.get("model"), str):
             model = session_config["model"]
-        options = SessionOptions(model_name=model[:64] if model else default_model,
-                                 speculative_responses=host.settings.speculative_responses, voices=tuple(host.config.voices))
         config = {k: v for k, v in (session_config or {}).items() if k != "model"}
         try:
-            session = RealtimeSession(options, host.session_limits(), session=config or None)
+            session = new_session(host, model, session=config or None)
         except ProtocolError as exc:
             raise CallError(400, exc.code, exc.message, exc.param) from None
         runner = SessionRunner(host, session)
