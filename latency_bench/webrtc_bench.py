@@ -227,7 +227,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.url:
         http_url = args.url.rstrip("/")
     else:
-        server = rb.Server(args.preset, "webrtc", Path(args.log_dir or tempfile.mkdtemp())).start()
+        server = rb.Server(args.preset, "webrtc", Path(args.log_dir or tempfile.mkdtemp()),  # calls on the loopback
+                           extra=["--webrtc-host", "127.0.0.1"]).start()
         http_url = server.http_url
         pid = server.proc.pid
         rb._log(f"server up in {server.startup_s} s")

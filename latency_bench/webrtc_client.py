@@ -4,7 +4,9 @@
     offer -> POST {base}/v1/realtime/calls (Content-Type: application/sdp, Authorization: Bearer KEY)
     201 answer SDP -> setRemoteDescription; events as JSON on the data channel; the answer plays on the remote track
 
-Used by the tests (tests/test_webrtc.py) and the latency bench. ``MicTrack`` plays given audio in real time
+Used by the tests (tests/test_webrtc.py) and the latency bench. Against a server on the loopback the client's ICE
+binds 127.0.0.1 only (``omni_rt.transports.webrtc_ice.LOOPBACK``; such servers run with ``--webrtc-host
+127.0.0.1``), so no packet of a test or bench call leaves the loopback. ``MicTrack`` plays given audio in real time
 (then silence); the remote track is read frame by frame, with the arrival time of each frame, so a caller can
 find the first sound of an answer.
 """
@@ -12,14 +14,17 @@ find the first sound of an answer.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
 
 from omni_rt.audio.pcm import float_to_int16, resample
+from omni_rt.transports.webrtc_ice import LOOPBACK, IceConfig, restrict_gathering
 from omni_rt.transports.webrtc_media import FRAME_SAMPLES, WIRE_RATE, WireEncoder
 
 RATE = WIRE_RATE
@@ -37,6 +42,18 @@ def first_loud(x: np.ndarray, window: int) -> int | None:
     rms = np.sqrt(np.mean(x[: n * window].reshape(n, window) ** 2, axis=1))
     loud = np.flatnonzero(rms > SOUND_RMS)
     return int(loud[0]) * window if len(loud) else None
+
+
+def ice_for(base_url: str) -> IceConfig:
+    """For a server on this machine's loopback (localhost, 127.0.0.1, ::1): ICE on that loopback address only;
+    else aioice's gathering."""
+    host = urlsplit(base_url).hostname or ""
+    if host == "localhost":
+        return LOOPBACK
+    try:
+        return IceConfig(hosts=(host,)) if ipaddress.ip_address(host).is_loopback else IceConfig()
+    except ValueError:
+        return IceConfig()
 
 
 def _track_base():
@@ -137,6 +154,7 @@ class RealtimeCall:
 
                 decode_on_arrival(next(t.receiver for t in self.pc.getTransceivers() if t.sender is sender))
         self.pc.on("track", lambda track: setattr(self, "_reader", asyncio.create_task(self._read(track))))
+        restrict_gathering(self.pc, ice_for(self.base_url))
         await self.pc.setLocalDescription(await self.pc.createOffer())
         sdp = self.pc.localDescription.sdp
         url = f"{self.base_url}/v1/realtime/calls"

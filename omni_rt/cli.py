@@ -32,6 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--shutdown-grace-s", type=float, default=None, help="time open answers get at SIGTERM")
     serve.add_argument("--no-speculative", action="store_false", dest="speculative_responses", default=None,
                        help="do not start answers during the end-of-turn silence (for comparisons)")
+    serve.add_argument("--webrtc-host", action="append", default=None, dest="webrtc_hosts", metavar="IP",
+                       help="bind WebRTC calls' UDP sockets on this address and offer it as their ICE candidate "
+                       "(repeat for more; default: every interface address but loopback). 127.0.0.1: local only")
+    serve.add_argument("--webrtc-advertise-address", default=None, metavar="IP",
+                       help="offer this address in the SDP answer instead of the bound one (a 1:1 NAT's public IP)")
+    serve.add_argument("--webrtc-port-min", type=int, default=None, metavar="PORT",
+                       help="with --webrtc-port-max: the UDP port range of WebRTC calls (one port per call and address)")
+    serve.add_argument("--webrtc-port-max", type=int, default=None, metavar="PORT")
     serve.add_argument("--random-weights", nargs="?", const="full", default=None, choices=["full", "tiny"],
                        help="random weights of the real model shapes on every stage that supports it (no hub "
                        "weights needed: for benchmarks); 'tiny' shrinks them for a CPU smoke run")

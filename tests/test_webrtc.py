@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from rt_helpers import heard, validate_event
 
 pytest.importorskip("aiortc")
 from latency_bench.webrtc_client import RealtimeCall  # noqa: E402
+from omni_rt.server.settings import ServerSettings  # noqa: E402
+from omni_rt.transports.webrtc_ice import LOOPBACK, GatherError, IceConfig, restrict_gathering  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(300)
@@ -81,6 +84,113 @@ async def test_spoken_turn_over_webrtc(live_server, speech_samples):
     assert state["sessions"] == 0 and state["total"] == 0, state
 
 
+CANDIDATE = re.compile(r"^a=candidate:\S+ \d+ (\S+) \d+ (\S+) (\d+) typ (\S+)", re.M)
+
+
+def candidates(sdp: str) -> list[tuple[str, str, int, str]]:
+    """(transport, address, port, type) of every ``a=candidate:`` line."""
+    return [(t.lower(), a, int(p), kind) for t, a, p, kind in CANDIDATE.findall(sdp)]
+
+
+async def test_every_ice_candidate_is_on_the_loopback(live_server):
+    """The server runs with ``--webrtc-host 127.0.0.1`` (conftest), the client gathers on 127.0.0.1 only: both SDPs
+    offer 127.0.0.1 and nothing else, so no test call sends a packet to another address of this machine."""
+    call = RealtimeCall(live_server.http_url)
+    resp = await call.connect()
+    try:
+        assert resp.status_code == 201, resp.text
+        offer, answer = call.pc.localDescription.sdp, resp.text
+        for name, sdp in (("offer", offer), ("answer", answer)):
+            found = candidates(sdp)
+            assert found and len(found) == sdp.count("a=candidate:"), (name, sdp)
+            assert {address for _, address, _, _ in found} == {"127.0.0.1"}, (name, found)
+        await call.next_event("session.created")
+    finally:
+        await call.close()
+
+
+async def connect_pair(offerer: IceConfig, answerer: IceConfig, timeout: float = 8.0) -> tuple[str, str, bool]:
+    """Two in-process aiortc peers with a data channel: (offer SDP, answer SDP, whether the channel opened)."""
+    from aiortc import RTCConfiguration, RTCPeerConnection
+
+    a, b = RTCPeerConnection(RTCConfiguration(iceServers=[])), RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        channel = a.createDataChannel("oai-events")
+        opened = asyncio.Event()
+        channel.on("open", opened.set)
+        restrict_gathering(a, offerer)
+        await a.setLocalDescription(await a.createOffer())
+        await b.setRemoteDescription(a.localDescription)
+        restrict_gathering(b, answerer)
+        await b.setLocalDescription(await b.createAnswer())
+        await a.setRemoteDescription(b.localDescription)
+        try:
+            await asyncio.wait_for(opened.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        return a.localDescription.sdp, b.localDescription.sdp, opened.is_set()
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_ice_port_range_and_advertised_address():
+    low = free_udp_range(4)
+    offer, answer, ok = await connect_pair(LOOPBACK, IceConfig(hosts=("127.0.0.1",), ports=(low, low + 3)))
+    assert ok and [a for _, a, _, _ in candidates(offer)] == ["127.0.0.1"]
+    assert [(a, low <= p <= low + 3) for _, a, p, _ in candidates(answer)] == [("127.0.0.1", True)], answer
+    _, answer, ok = await connect_pair(LOOPBACK, IceConfig(hosts=("127.0.0.1",), advertise="203.0.113.7"))
+    assert [a for _, a, _, _ in candidates(answer)] == ["203.0.113.7"], answer  # bound to 127.0.0.1, offered as the NAT's
+    assert ok  # the server's own checks reach the client: it learns the real address as peer-reflexive
+    with pytest.raises(GatherError):  # an address that is not this machine's: no candidate, a clear error
+        await connect_pair(LOOPBACK, IceConfig(hosts=("192.0.2.250",)))
+
+
+async def test_a_loopback_server_ignores_peers_on_other_addresses():
+    """A browser pairs every local address with the server's 127.0.0.1 candidate and Linux delivers those packets:
+    a server on ``--webrtc-host 127.0.0.1`` drops them, so only a loopback pair can connect."""
+    from aioice.ice import get_host_addresses
+
+    other = next((a for a in get_host_addresses(use_ipv4=True, use_ipv6=False)), None)
+    if other is None:
+        pytest.skip("this machine has no IPv4 address but the loopback")
+    server = IceConfig(hosts=("127.0.0.1",), loopback_peers_only=True)
+    assert IceConfig.from_settings(ServerSettings(webrtc_hosts=["127.0.0.1"])) == server
+    assert (await connect_pair(LOOPBACK, server))[2]
+    assert not (await connect_pair(IceConfig(hosts=(other,)), server, timeout=5.0))[2]
+
+
+def free_udp_range(n: int) -> int:
+    """The first of ``n`` consecutive UDP ports free on 127.0.0.1 now."""
+    import socket
+
+    for low in range(42000, 60000, n):
+        socks = []
+        try:
+            for port in range(low, low + n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return low
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free UDP port range")
+
+
+def test_webrtc_settings_are_checked():
+    ok = ServerSettings(webrtc_hosts=["127.0.0.1", "::1"], webrtc_advertise_address="203.0.113.7",
+                        webrtc_port_min=40000, webrtc_port_max=40099)
+    assert IceConfig.from_settings(ok) == IceConfig(("127.0.0.1", "::1"), "203.0.113.7", (40000, 40099), True)
+    assert IceConfig.from_settings(ServerSettings()).default  # no setting: aioice gathers as it always did
+    for bad in ({"webrtc_hosts": ["0.0.0.0"]}, {"webrtc_hosts": ["localhost"]}, {"webrtc_port_min": 40000},
+                {"webrtc_port_min": 40100, "webrtc_port_max": 40000}, {"webrtc_advertise_address": "::"}):
+        with pytest.raises(ValueError):
+            ServerSettings(**bad)
+
+
 @pytest.mark.parametrize("body", ["multipart", "json"])
 async def test_session_config_in_the_offer(live_server, body):
     call = RealtimeCall(live_server.http_url)
@@ -110,6 +220,7 @@ async def test_openai_sdk_calls_create_and_hangup(live_server):
     call.dc.on("open", call.opened.set)
     call.dc.on("message", call._on_message)
     call.pc.addTrack(call.mic)
+    restrict_gathering(call.pc, LOOPBACK)
     try:
         await call.pc.setLocalDescription(await call.pc.createOffer())
         raw = await client.realtime.calls.with_raw_response.create(
@@ -232,6 +343,7 @@ def offer_without(kind: str) -> str:
             pc.createDataChannel("oai-events")
         if kind != "audio":
             pc.addTrack(call.mic)
+        restrict_gathering(pc, LOOPBACK)
         await pc.setLocalDescription(await pc.createOffer())
         sdp = pc.localDescription.sdp
         await pc.close()

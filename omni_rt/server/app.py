@@ -19,7 +19,7 @@ from omni_rt.resources import web_dir
 from omni_rt.server.connections import over_capacity
 from omni_rt.server.runtime import Runtime
 from omni_rt.server.settings import ServerSettings
-from omni_rt.session.core import RealtimeSession, SessionOptions
+from omni_rt.transports.host import new_session
 from omni_rt.transports.runner import SessionRunner
 from omni_rt.transports.twilio import twilio_endpoint
 from omni_rt.transports.webrtc import CallError, CallRegistry, read_offer
@@ -141,11 +141,7 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
             await calls.sideband(call_id, ws)
             return
         beta = ws.query_params.get("beta") in ("1", "true") or "realtime=v1" in ws.headers.get("openai-beta", "")
-        model = ws.query_params.get("model")
-        options = SessionOptions(model_name=model[:64] if model else runtime.model_name,
-                                 speculative_responses=settings.speculative_responses, beta_events=beta,
-                                 voices=tuple(runtime.config.voices))
-        runner = SessionRunner(runtime, RealtimeSession(options, runtime.session_limits()))
+        runner = SessionRunner(runtime, new_session(runtime, ws.query_params.get("model"), beta_events=beta))
         await serve_session(ws, runtime, runner, receive_realtime)
 
     @app.post("/v1/realtime/calls")
@@ -162,7 +158,7 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
                 runtime.metrics.connections.labels(surface="webrtc", outcome="refused_full").inc()
                 why = "server shutting down" if runtime.draining else f"server full: {settings.max_sessions} sessions"
                 raise CallError(503, "server_full", why)
-            call = await calls.create(sdp, session, request.query_params.get("model"), runtime.model_name)
+            call = await calls.create(sdp, session, request.query_params.get("model"))
         except CallError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         runtime.metrics.connections.labels(surface="webrtc", outcome="accepted").inc()

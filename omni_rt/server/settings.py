@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -45,3 +46,36 @@ class ServerSettings(BaseSettings):
                               "tiny (Whisper's mel filter, ~0.5 ms a decode)")
     webrtc_media_timeout_s: float = Field(15.0, gt=0, description="end a WebRTC call when no audio arrives from the "
                                           "peer for this long (a peer that vanished without hanging up)")
+    webrtc_hosts: list[str] = Field(default_factory=list, description="IP addresses a WebRTC call's UDP sockets "
+                                    "bind and offer as ICE host candidates; empty = every interface address but "
+                                    "loopback (aioice's own gathering). 127.0.0.1 keeps calls on this machine")
+    webrtc_advertise_address: str | None = Field(None, description="IP address offered in the SDP answer instead of "
+                                                 "the bound one (behind a 1:1 NAT: the public address; forward the "
+                                                 "UDP port range to the bound address)")
+    webrtc_port_min: int | None = Field(None, ge=1, le=65535, description="lowest UDP port of WebRTC calls' sockets "
+                                        "(with webrtc_port_max); default: any port the kernel picks")
+    webrtc_port_max: int | None = Field(None, ge=1, le=65535, description="highest UDP port of WebRTC calls' sockets; "
+                                        "a call takes one port per host address, refused with 503 when none is free")
+
+    @field_validator("webrtc_hosts")
+    @classmethod
+    def _bindable(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            if ipaddress.ip_address(host).is_unspecified:  # a ValueError names a hostname or a typo
+                raise ValueError(f"{host} is not one address: give each interface address to bind")
+        return hosts
+
+    @field_validator("webrtc_advertise_address")
+    @classmethod
+    def _an_address(cls, address: str | None) -> str | None:
+        if address is not None and ipaddress.ip_address(address).is_unspecified:
+            raise ValueError(f"{address} cannot be reached: give the address peers send to")
+        return address
+
+    @model_validator(mode="after")
+    def _port_range(self) -> "ServerSettings":
+        if (self.webrtc_port_min is None) != (self.webrtc_port_max is None):
+            raise ValueError("webrtc_port_min and webrtc_port_max go together")
+        if self.webrtc_port_min is not None and self.webrtc_port_min > self.webrtc_port_max:
+            raise ValueError(f"webrtc_port_min {self.webrtc_port_min} is above webrtc_port_max {self.webrtc_port_max}")
+        return self

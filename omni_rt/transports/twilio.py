@@ -18,8 +18,7 @@ from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from omni_rt.realtime.errors import ProtocolError
-from omni_rt.session.core import RealtimeSession, SessionOptions
-from omni_rt.transports.host import TransportHost
+from omni_rt.transports.host import TransportHost, new_session
 from omni_rt.transports.runner import SessionRunner
 from omni_rt.transports.websocket import serve_session
 
@@ -142,11 +141,8 @@ class TwilioCall:
 
 
 async def twilio_endpoint(ws: WebSocket, runtime: TransportHost) -> None:
-    session = RealtimeSession(SessionOptions(model_name="twilio", speculative_responses=runtime.settings.speculative_responses,
-                                             voices=tuple(runtime.config.voices)),
-                              runtime.session_limits(), session={
-        "audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}}})
-    runner = SessionRunner(runtime, session)
+    runner = SessionRunner(runtime, new_session(runtime, "twilio", session={
+        "audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}}}))
     call = TwilioCall(runner)
 
     async def receive(ws: WebSocket, runner: SessionRunner) -> None:

@@ -19,7 +19,8 @@ differs is only the carriage:
   same session and receives the same server events as the data channel.
 
 aiortc is an optional dependency (the ``webrtc`` extra); without it the route answers 501. This module is the call
-and its registry; the audio tracks are in ``webrtc_media.py``, the offer's parsing and checks in ``webrtc_offer.py``.
+and its registry; the audio tracks are in ``webrtc_media.py``, the offer's parsing and checks in ``webrtc_offer.py``,
+where the ICE sockets bind (``--webrtc-host``, advertised address, port range) in ``webrtc_ice.py``.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from omni_rt.audio.formats import decode_bytes, encode_float, format_rate, parse
 from omni_rt.audio.pcm import StreamResampler
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.events import new_id
-from omni_rt.session.core import RealtimeSession, SessionOptions
+from omni_rt.transports.host import new_session
 from omni_rt.transports.runner import SessionRunner
+from omni_rt.transports.webrtc_ice import GatherError, IceConfig, restrict_gathering
 from omni_rt.transports.webrtc_media import WIRE_RATE, PacedAudioTrack, decode_on_arrival, webrtc_available
 from omni_rt.transports.webrtc_offer import DATA_CHANNEL, CallError, check_offer, read_offer
 
@@ -100,7 +102,12 @@ class Call:
         audio[0].setCodecPreferences(opus)
         decode_on_arrival(audio[0].receiver)
         self.pc.addTrack(self.track)
-        await self.pc.setLocalDescription(await self.pc.createAnswer())  # gathers host candidates (no trickle)
+        restrict_gathering(self.pc, self.registry.ice)  # --webrtc-host, advertised address, port range
+        try:
+            await self.pc.setLocalDescription(await self.pc.createAnswer())  # gathers host candidates (no trickle)
+        except GatherError as exc:
+            log.warning("call %s: %s", self.id, exc.strerror)
+            raise CallError(503, "server_full", "the server could not open a WebRTC port") from None
         return self.pc.localDescription.sdp
 
     def start(self) -> None:
@@ -325,9 +332,9 @@ class CallRegistry:
     def __init__(self, host: "TransportHost") -> None:
         self.host = host
         self.calls: dict[str, Call] = {}
+        self.ice = IceConfig.from_settings(host.settings)  # where calls' ICE sockets bind (omni_rt.transports.webrtc_ice)
 
-    async def create(self, offer_sdp: str, session_config: dict[str, Any] | None, model: str | None,
-                     default_model: str) -> Call:
+    async def create(self, offer_sdp: str, session_config: dict[str, Any] | None, model: str | None) -> Call:
         """Answer an offer: a new session (its config applied like ``session.update``), counted as a session
         from the first moment so concurrent offers cannot exceed ``max_sessions``."""
         if not webrtc_available():
@@ -336,11 +343,9 @@ class CallRegistry:
         host = self.host
         if model is None and session_config is not None and isinstance(session_config.get("model"), str):
             model = session_config["model"]
-        options = SessionOptions(model_name=model[:64] if model else default_model,
-                                 speculative_responses=host.settings.speculative_responses, voices=tuple(host.config.voices))
         config = {k: v for k, v in (session_config or {}).items() if k != "model"}
         try:
-            session = RealtimeSession(options, host.session_limits(), session=config or None)
+            session = new_session(host, model, session=config or None)
         except ProtocolError as exc:
             raise CallError(400, exc.code, exc.message, exc.param) from None
         runner = SessionRunner(host, session)
