@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from latency_bench.realtime_bench import main as run_main
     from latency_bench.realtime_bench import main_turn_taking
-    from omni_rt.engine.thinker_choice import ThinkerError
+    from omni_rt.engine.weights.thinker_choice import ThinkerError
 
     try:
         return main_turn_taking(args) if args.turn_detection else run_main(args)

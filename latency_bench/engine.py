@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from omni_rt.engine.ar_scheduler import ARScheduler
+from omni_rt.engine.builtin.ar_scheduler import ARScheduler
 from latency_bench.stage_driver import collect, send
-from omni_rt.engine.torch_engine import TorchEngine
-from omni_rt.engine.weights import load_model, load_tokenizer, resolve_model, torch_dtype
+from omni_rt.engine.builtin.torch_engine import TorchEngine
+from omni_rt.engine.weights.loader import load_model, load_tokenizer, resolve_model, torch_dtype
 
 SHAPES = {  # random-init shapes (no weights needed): model class + config kwargs
     "qwen2-0.5b": (
@@ -201,8 +201,10 @@ def run_llama_case(sched, vocab: int, conc: int, args) -> dict:
 
 def llama_rows(vocab: int, args) -> list[dict]:
     """llama.cpp rows: threads 1 and 2, prefix reuse on/off, each concurrency; one server per config."""
-    from omni_rt.engine import llama_cpp, smollm2
-    from omni_rt.engine.llama_cpp_thinker import create_llama_cpp_thinker
+    from omni_rt.engine.llama_cpp import build as llama_cpp
+    from omni_rt.engine.weights import smollm2
+    from omni_rt.engine.llama_cpp.server import LlamaServerArgs
+    from omni_rt.engine.llama_cpp.thinker import create_llama_cpp_thinker
 
     binary = llama_cpp.locate_binary()
     if binary is None:
@@ -217,9 +219,10 @@ def llama_rows(vocab: int, args) -> list[dict]:
             for threads in args.llama_threads:
                 for reuse in (True, False) if args.llama_reuse_off else (True,):
                     sched = create_llama_cpp_thinker(
-                        gguf, binary, threads=threads, parallel=max(args.concurrency),
-                        ctx_size=max(args.concurrency) * args.max_seq_len,
-                        extra_args=() if reuse else ("--no-cache-prompt",),
+                        LlamaServerArgs(gguf, threads=threads, parallel=max(args.concurrency),
+                                        ctx_size=max(args.concurrency) * args.max_seq_len,
+                                        extra_args=() if reuse else ("--no-cache-prompt",)),
+                        binary,
                     )
                     sched.start()
                     try:

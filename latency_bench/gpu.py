@@ -12,7 +12,7 @@ Sections (all in one JSON, ``latency_bench/results/gpu.json`` or ``gpu-smoke.jso
   captured), sampling and the host read of the tokens, as the scheduler pays it. KV is filled by real prefills;
 * ``equality`` — greedy tokens of the graph path vs the eager path on a small shape (on CPU: the static-KV
   eager path vs the growable one), same prompts: must be identical;
-* ``paged`` — the same for paged decode (``omni_rt.engine.paged_attention``) vs packed-GQA SDPA: FlashInfer
+* ``paged`` — the same for paged decode (``omni_rt.engine.builtin.paged_attention``) vs packed-GQA SDPA: FlashInfer
   where it is installed on CUDA, else the gather reader of the same page tables. Where FlashInfer runs, the
   ``decode`` rows are measured twice, ``auto`` (FlashInfer) and ``packed_gqa``, side by side;
 * ``preset`` — the gpu preset through the Coordinator (every stage on random weights via the factories'
@@ -120,7 +120,7 @@ def measure_bandwidth(device: str, mib: int, iters: int = 10) -> dict[str, Any]:
 def _fill(engine, upto: int, vocab: int, chunk: int = 2048) -> None:
     """Extend every slot's KV from its length (``engine.lengths``) to ``upto`` tokens with real prefills
     (chunked: bounded activations)."""
-    from omni_rt.engine.request import SamplingParams
+    from omni_rt.engine.prompt.request import SamplingParams
 
     g = torch.Generator().manual_seed(upto)
     for slot in range(engine.max_batch_size):
@@ -135,9 +135,9 @@ def _fill(engine, upto: int, vocab: int, chunk: int = 2048) -> None:
 def decode_rows(model_id: str, plan: Plan, gb_per_s: float, attention: str = "auto") -> list[dict[str, Any]]:
     """ms per decode step of ``model_id``'s shape for every (context, batch), with the read floors;
     ``attention`` as ``TorchEngine`` takes it (the row says what it resolved to)."""
-    from omni_rt.engine.random_init import build_causal_lm, decode_weight_bytes
-    from omni_rt.engine.torch_engine import TorchEngine
-    from omni_rt.engine.weights import torch_dtype
+    from omni_rt.engine.weights.random_init import build_causal_lm, decode_weight_bytes
+    from omni_rt.engine.builtin.torch_engine import TorchEngine
+    from omni_rt.engine.weights.loader import torch_dtype
 
     t0 = time.perf_counter()
     model = build_causal_lm(model_id, dtype=torch_dtype(plan.dtype), device=plan.device, size=plan.size)
@@ -184,7 +184,7 @@ def decode_rows(model_id: str, plan: Plan, gb_per_s: float, attention: str = "au
 # ---------------------------------------------------------------------------------------------- equality
 def greedy_tokens(engine, prompts: list[list[int]], steps: int) -> list[list[int]]:
     """Greedy continuation of every prompt, decoded as one batch (rows in slots 0..n-1)."""
-    from omni_rt.engine.request import SamplingParams
+    from omni_rt.engine.prompt.request import SamplingParams
 
     out = []
     for slot, p in enumerate(prompts):
@@ -198,8 +198,8 @@ def greedy_tokens(engine, prompts: list[list[int]], steps: int) -> list[list[int
 
 def _tiny_thinker(plan: Plan, prompt_lengths: tuple[int, ...], seed: int, **overrides: Any):
     """A tiny random thinker on the plan's device and seeded random prompts of ``prompt_lengths`` tokens."""
-    from omni_rt.engine.random_init import build_causal_lm
-    from omni_rt.engine.weights import torch_dtype
+    from omni_rt.engine.weights.random_init import build_causal_lm
+    from omni_rt.engine.weights.loader import torch_dtype
 
     model = build_causal_lm(THINKER, dtype=torch_dtype(plan.dtype), device=plan.device, size="tiny",
                             overrides=overrides)
@@ -209,7 +209,7 @@ def _tiny_thinker(plan: Plan, prompt_lengths: tuple[int, ...], seed: int, **over
 
 def graph_equality(plan: Plan, steps: int = 24) -> dict[str, Any]:
     """Same model, same prompts, greedy: CUDA graphs vs eager on a GPU; static-KV eager vs growable on CPU."""
-    from omni_rt.engine.torch_engine import TorchEngine
+    from omni_rt.engine.builtin.torch_engine import TorchEngine
 
     model, prompts = _tiny_thinker(plan, (5, 17, 33, 9), seed=7)
     kw = dict(max_batch_size=len(prompts), max_seq_len=128)
@@ -232,8 +232,8 @@ def graph_equality(plan: Plan, steps: int = 24) -> dict[str, Any]:
 def paged_equality(plan: Plan, steps: int = 24) -> dict[str, Any]:
     """Greedy tokens of paged decode vs packed-GQA SDPA, static KV (graphs where CUDA has them), same prompts.
     The two engines run one after the other: each switches the shared model's attention function."""
-    from omni_rt.engine.paged_attention import flashinfer_available
-    from omni_rt.engine.torch_engine import TorchEngine
+    from omni_rt.engine.builtin.paged_attention import flashinfer_available
+    from omni_rt.engine.builtin.torch_engine import TorchEngine
 
     cuda = torch.device(plan.device).type == "cuda"
     paged = "flashinfer" if cuda and flashinfer_available() else "paged_sdpa"
@@ -256,7 +256,7 @@ def paged_equality(plan: Plan, steps: int = 24) -> dict[str, Any]:
 def preset_config(plan: Plan):
     """The gpu preset with random weights on every stage that supports them and this plan's device/dtype.
     Args are set by what each factory accepts (never by stage name), so a restructured preset still runs."""
-    from omni_rt.engine.random_init import apply_random_weights, explicit_params
+    from omni_rt.engine.weights.random_init import apply_random_weights, explicit_params
     from omni_rt.presets import load_preset
 
     config = load_preset("gpu")
@@ -404,7 +404,7 @@ def run(plan: Plan, smoke: bool, out: Path | None = None, sections: tuple[str, .
     gb_per_s = bw.get("gb_per_s") or math.nan
 
     def decode() -> list[dict[str, Any]]:
-        from omni_rt.engine.paged_attention import flashinfer_available
+        from omni_rt.engine.builtin.paged_attention import flashinfer_available
 
         rows, errors = [], {}
         # "auto" is FlashInfer where it runs: then packed-GQA SDPA is measured too, for the comparison

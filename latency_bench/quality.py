@@ -8,7 +8,7 @@ answer policy and language steering as they are) and ``greedy`` (the same preset
 ``answer_policy`` and ``languages`` removed from the thinker args: plain greedy, as before). Per answer:
 
 * words, sentences, seconds of audio, the largest repeated n-gram (and the most repeats of any 4-gram);
-* language — a cheap detector (``omni_rt.engine.language.guess_language``: the script of the letters, then
+* language — a cheap detector (``omni_rt.engine.prompt.language.guess_language``: the script of the letters, then
   for Latin script which language's common function words dominate); it is a heuristic, not a model;
 * key word present (factual questions carry the words a right answer must contain);
 * word accuracy of an independent faster-whisper tiny.en (loaded here, separately from the server's) on the
@@ -194,7 +194,7 @@ async def run_conversations(url: str, convs: list[list[Q]], corpus: dict[str, rb
 # ============================================================================ scoring
 def rescore_text(a: dict[str, Any], keys: tuple[str, ...]) -> None:
     """(Re)compute the text measures of one scored answer in place (``--rescore`` uses it on a saved run)."""
-    from omni_rt.engine.language import guess_language
+    from omni_rt.engine.prompt.language import guess_language
 
     text = a["answer"]
     a["words"], a["sentences"] = len(words_of(text)), sentences_of(text)
@@ -207,7 +207,7 @@ def rescore_text(a: dict[str, Any], keys: tuple[str, ...]) -> None:
 
 def score(rows: list[dict[str, Any]], whisper: Any) -> list[dict[str, Any]]:
     from omni_rt.audio.pcm import pcm16_to_float, resample
-    from omni_rt.engine.language import guess_language
+    from omni_rt.engine.prompt.language import guess_language
 
     out = []
     for row in rows:
@@ -384,21 +384,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "limit": args.limit,
         "questions": sum(len(c) for c in convs), "wall_s": round(time.perf_counter() - t0, 1),
         "load_avg_start": round(load0, 2), "cpus": os.cpu_count(), "runs": runs,
-        "detector": "script + function-word heuristic (omni_rt.engine.language.guess_language)",
+        "detector": "script + function-word heuristic (omni_rt.engine.prompt.language.guess_language)",
     }
 
 
 README_INTRO = """\
 A voice answer must be short, on topic, loop-free and in a language the voice can say. Three pieces see to it:
 
-* **Sampling per request, batched** (`omni_rt/engine/sampling.py`): repetition, frequency and presence penalties
+* **Sampling per request, batched** (`omni_rt/engine/builtin/sampling.py`): repetition, frequency and presence penalties
   over the answer's own tokens, no-repeat n-grams, temperature / top-k / top-p / min-p and a seed. Each slot's
   parameters and token counts live as tensors on the engine's device (no per-row Python loop in a step);
   seeded rows draw counter-based Gumbel noise, so a seeded request gives the same tokens whatever shares its
   batch. Preset defaults in the thinker's `sampling` arg (CPU: greedy + `repetition_penalty: 1.2` +
   `no_repeat_ngram_size: 4`, the best of five settings measured on SmolLM2-135M); the codec talker uses the
   same machinery with `repetition_penalty: 1.1`.
-* **A voice answer policy** (`omni_rt/engine/answer_policy.py`, thinker arg `answer_policy`, per request
+* **A voice answer policy** (`omni_rt/engine/prompt/answer_policy.py`, thinker arg `answer_policy`, per request
   `answer_policy: {max_sentences, max_words}`): stop at a sentence boundary after N sentences or before the
   sentence that would pass W words; a cut by any limit (also `max_tokens`) ends at a sentence boundary, never
   mid-word; the text that leaves the thinker is exactly what is spoken (`finish_reason: "policy"`). The
@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                 rescore_text(a, keys.get(a["question"], ()))
             r["summary"] = summary(r["answers"])
     else:
-        from omni_rt.engine.thinker_choice import ThinkerError
+        from omni_rt.engine.weights.thinker_choice import ThinkerError
 
         try:
             result = asyncio.run(run(args))

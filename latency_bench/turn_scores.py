@@ -182,7 +182,7 @@ def thinker_end_of_turn(texts: list[str]) -> list[float]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omni_rt.engine.weights import ensure_smollm2
+    from omni_rt.engine.weights.loader import ensure_smollm2
 
     path = ensure_smollm2()
     tok = AutoTokenizer.from_pretrained(path)

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides["api_key"] = open(args.api_key_file).read().strip()
     settings = ServerSettings(**overrides)
     if settings.thinker:  # checked before anything loads: a wrong choice is one line, not a traceback
-        from omni_rt.engine.thinker_choice import ThinkerError, thinker_args
+        from omni_rt.engine.weights.thinker_choice import ThinkerError, thinker_args
 
         try:
             thinker_args(settings.thinker, settings.thinker_api_key)

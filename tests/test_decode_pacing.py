@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from omni_rt.contracts.rates import SPEECH_S_PER_WORD
-from omni_rt.engine.decode_pacing import LEG_MIN_TOKENS, RESUME_AHEAD_S, AnswerPace
+from omni_rt.engine.llama_cpp.decode_pacing import LEG_MIN_TOKENS, RESUME_AHEAD_S, AnswerPace
 
 
 def _pace_with(words: int, t0: float = 100.0) -> AnswerPace:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_rt.engine import smollm2, weights
-from omni_rt.engine.detokenize import TextStream
+from omni_rt.engine.weights import loader as weights, smollm2
+from omni_rt.engine.prompt.detokenize import TextStream
 from omni_rt.engine.factory import create_ar_scheduler
-from omni_rt.engine.kv_cache import KVBlob
-from omni_rt.engine.prefix_cache import PrefixStore
+from omni_rt.engine.builtin.kv_cache import KVBlob
+from omni_rt.engine.builtin.prefix_cache import PrefixStore
 from tiny_models import build_tiny_model
 from latency_bench.stage_driver import collect, send, wait_until
 from omni_rt.contracts.payloads import TokenDelta

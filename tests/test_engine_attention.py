@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_rt.engine import weights
-from omni_rt.engine.attention import PACKED_GQA, packed_gqa_attention
-from omni_rt.engine.request import SamplingParams
+from omni_rt.engine.weights import loader as weights
+from omni_rt.engine.builtin.attention import PACKED_GQA, packed_gqa_attention
+from omni_rt.engine.prompt.request import SamplingParams
 from tiny_models import build_tiny_model
-from omni_rt.engine.torch_engine import TorchEngine
+from omni_rt.engine.builtin.torch_engine import TorchEngine
 
 GREEDY = SamplingParams()
 
@@ -118,7 +118,7 @@ def test_packed_gqa_logits_equal_stock_sdpa(qwen2):
 def test_batched_prefill_matches_one_at_a_time(qwen2, static_kv):
     """3 prompts of different lengths prefilled in one forward (in non-consecutive slots, one of them on top of
     a cached first chunk) then decoded together: the same tokens as each prompt prefilled and decoded alone."""
-    from omni_rt.engine.torch_engine import PrefillItem
+    from omni_rt.engine.builtin.torch_engine import PrefillItem
 
     prompts = [list(range(10, 17)), [5, 6, 7], list(range(60, 79))]
     alone, _ = _generate(_engine(qwen2, static_kv=static_kv), prompts, 10, batched=False)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from omni_rt.engine import weights
+from omni_rt.engine.weights import loader as weights
 from omni_rt.engine.factory import create_ar_scheduler
 from latency_bench.stage_driver import collect, send, wait_until
 
@@ -266,7 +266,7 @@ def test_long_prefill_waits_for_a_short_requests_first_tokens(tmp_path, monkeypa
     prefill does not advance, so each of those tokens is one decode step rather than a decode step plus a
     prefill share; then the long prefill goes on. Without it (N=1) the long one advances in the same steps;
     with the hold capped at 0 s it is never held."""
-    from omni_rt.engine import ar_scheduler
+    from omni_rt.engine.builtin import ar_scheduler
     from tiny_models import build_tiny_model
 
     path = build_tiny_model("llama", tmp_path / "m")

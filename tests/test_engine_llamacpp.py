@@ -15,9 +15,9 @@ import time
 import httpx
 import pytest
 
-from omni_rt.engine import llama_cpp
+from omni_rt.engine.llama_cpp import build as llama_cpp
 from omni_rt.engine.factory import create_ar_scheduler
-from omni_rt.engine.request import parse_request
+from omni_rt.engine.prompt.request import parse_request
 from latency_bench.stage_driver import collect, send, wait_until
 
 SYSTEM = {"role": "system", "content": "You are a helpful voice assistant. Answer in one short sentence."}
@@ -148,7 +148,7 @@ def test_warmed_slots_give_a_fresh_servers_first_turns_their_system_prompt(binar
 
 
 def test_long_new_prompt_is_fed_in_pieces(sched):
-    """A heavy new prompt goes to llama-server one batch at a time (``omni_rt.engine.prefill_pieces``): the
+    """A heavy new prompt goes to llama-server one batch at a time (``omni_rt.engine.llama_cpp.prefill_pieces``): the
     real request finds all but the last piece cached, and the pieces evaluate nothing twice."""
     assert sched.prefill_piece_tokens == sched.server.batch_tokens == 16
     story = " ".join(["The old lighthouse keeper walked along the rocky shore every morning before dawn."] * 12)
@@ -229,7 +229,7 @@ def test_a_busy_server_takes_no_hints(sched):
 
 
 def test_history_trimmed_at_its_front_reuses_the_rest(sched):
-    """A session whose oldest turns were dropped (the history budget, ``omni_rt.engine.history``) keeps what is
+    """A session whose oldest turns were dropped (the history budget, ``omni_rt.engine.prompt.history``) keeps what is
     left cached: llama-server's ``--cache-reuse`` shifts the kept turns' KV into place instead of evaluating
     them again (measured 564 of 581 tokens re-evaluated without it)."""
     turns = []
@@ -263,7 +263,7 @@ def test_abort_mid_answer_stops_upstream(sched):
 
 
 def test_an_answer_ahead_of_its_playback_steps_out_for_a_starting_one(binary):
-    """Decode pacing (``omni_rt.engine.decode_pacing``): a long answer whose text is far ahead of its playback
+    """Decode pacing (``omni_rt.engine.llama_cpp.decode_pacing``): a long answer whose text is far ahead of its playback
     leaves llama-server's batch while another answer starts, then resumes in the same slot from the cache
     (one token re-evaluated, not the prompt) and says exactly what it would have said alone (greedy)."""
     s = create_ar_scheduler("smollm2", backend="llama.cpp", max_batch_size=2, kv_budget_tokens=4096, cpu_threads=1,
@@ -377,7 +377,7 @@ def test_stop_kills_the_server_process(binary):
 
 
 def test_falls_back_to_torch_without_binary(tmp_path, caplog):
-    from omni_rt.engine.ar_scheduler import ARScheduler
+    from omni_rt.engine.builtin.ar_scheduler import ARScheduler
 
     with caplog.at_level(logging.WARNING, logger="omni_rt.engine.factory"):
         s = create_ar_scheduler("smollm2", backend="llama.cpp", llama_cpp_root=tmp_path / "empty",
@@ -408,9 +408,9 @@ def test_server_dies_with_a_killed_parent(binary, tmp_path):
 
     code = (
         "import sys, time\n"
-        "from omni_rt.engine.llama_server import LlamaServer\n"
-        "from omni_rt.engine.smollm2 import packaged_gguf_path\n"
-        f"s = LlamaServer({str(binary)!r}, packaged_gguf_path(), parallel=1, ctx_size=512)\n"
+        "from omni_rt.engine.llama_cpp.server import LlamaServer, LlamaServerArgs\n"
+        "from omni_rt.engine.weights.smollm2 import packaged_gguf_path\n"
+        f"s = LlamaServer({str(binary)!r}, LlamaServerArgs(packaged_gguf_path(), parallel=1, ctx_size=512))\n"
         "s.start(); print(s.proc.pid, flush=True); time.sleep(120)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -448,8 +448,8 @@ def test_a_cached_binary_that_cannot_run_is_not_used(tmp_path):
 def test_a_gguf_path_brings_its_own_tokenizer(binary):
     """A preset's ``model: FILE.gguf`` (no ``tokenizer:``) gets the tokenizer inside the file, the same token ids as
     the packaged model's: without one the thinker had no history window, language bias or prefill hints.
-    (``--thinker FILE.gguf`` names the file as its tokenizer too, ``omni_rt.engine.thinker_choice``.)"""
-    from omni_rt.engine import smollm2
+    (``--thinker FILE.gguf`` names the file as its tokenizer too, ``omni_rt.engine.weights.thinker_choice``.)"""
+    from omni_rt.engine.weights import smollm2
 
     gguf = smollm2.ensure_served_gguf(smollm2.DEFAULT_FORMAT)
     by_path = create_ar_scheduler(str(gguf), backend="llama.cpp", max_batch_size=2, kv_budget_tokens=4096, languages=["en"])

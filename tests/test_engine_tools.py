@@ -15,15 +15,15 @@ import jsonschema
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
-from omni_rt.engine import weights
-from omni_rt.engine.constrained import GrammarFactory, answer_grammar, call_grammar, closed
+from omni_rt.engine.weights import loader as weights
+from omni_rt.engine.tools.grammar import GrammarFactory, answer_grammar, call_grammar, closed
 from omni_rt.engine.factory import create_ar_scheduler
-from omni_rt.engine.openai_compat_server import ServerThread, create_app
+from omni_rt.engine.streamed.openai_compat_server import ServerThread, create_app
 from tiny_models import build_tiny_model
 from latency_bench.stage_driver import collect, send, wait_until
-from omni_rt.engine.tool_parser import ToolCallParser
-from omni_rt.engine.tool_prompt import detect_format, render_prompt
-from omni_rt.engine.tool_schema import answered_tools, callable_tools, parse_tool_choice, validate_tools
+from omni_rt.engine.tools.parser import ToolCallParser
+from omni_rt.engine.tools.prompt import detect_format, render_prompt
+from omni_rt.engine.tools.schema import answered_tools, callable_tools, parse_tool_choice, validate_tools
 from omni_rt.contracts.payloads import ToolCallDelta, ToolCallDone, text_of
 
 WEATHER = {
@@ -567,8 +567,8 @@ def test_remote_engine_never_repeats_an_answered_call(remote):
     """Through an OpenAI-compatible upstream (omni-rt's own, SmolLM2 behind it): the answered tool is not
     offered to the upstream again (any upstream, not only one that applies the rule itself), and the answer is
     spoken; with a second tool only that one is offered."""
-    from omni_rt.engine.remote import request_body
-    from omni_rt.engine.request import parse_request
+    from omni_rt.engine.streamed.remote import request_body
+    from omni_rt.engine.prompt.request import parse_request
 
     assert "tools" not in request_body(parse_request({"messages": ANSWERED, "tools": [CITY]}, 40), "m")
     both = request_body(parse_request({"messages": ANSWERED, "tools": [CITY, CLOCK]}, 40), "m")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from latency_bench import gpu
-from omni_rt.engine.random_init import supports_random_init
+from omni_rt.engine.weights.random_init import supports_random_init
 from omni_rt.presets import load_preset
 
 

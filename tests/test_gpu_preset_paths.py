@@ -23,7 +23,7 @@ def tiny_models(tmp_path_factory):
     from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, WhisperConfig,
                               WhisperFeatureExtractor, WhisperForConditionalGeneration)
 
-    from omni_rt.engine.weights import ensure_smollm2, load_tokenizer
+    from omni_rt.engine.weights.loader import ensure_smollm2, load_tokenizer
 
     root = tmp_path_factory.mktemp("tiny")
     tok = load_tokenizer(ensure_smollm2())
@@ -184,7 +184,7 @@ def test_codec_lm_abort_mid_segment_leaks_no_inner_id(tiny_models):
 
     from omni_rt.pipeline.messages import IncomingMessage
     from omni_rt.engine.factory import create_ar_scheduler
-    from omni_rt.engine.segments import SEGMENT_SEP
+    from omni_rt.engine.builtin.segments import SEGMENT_SEP
 
     sched = create_ar_scheduler(str(tiny_models / "talker"), dtype="float32", max_batch_size=2, name="codec_lm",
                                 prefix_reuse=False)

@@ -18,8 +18,8 @@ import websockets
 from conftest import ROOT, start_server, stop_server
 from rt_helpers import validate_event
 
-from omni_rt.engine.history import HistoryWindow, PromptTooLong
-from omni_rt.engine.llama_cpp import locate_binary
+from omni_rt.engine.prompt.history import HistoryWindow, PromptTooLong
+from omni_rt.engine.llama_cpp.build import locate_binary
 
 _WORDS = ("I have been thinking about my garden this spring and the tomatoes the beans the roses and the small "
           "apple tree near the fence that my grandmother planted many years ago when she first moved here").split()
@@ -32,7 +32,7 @@ def big_turn(turn: int, words: int = 400) -> str:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from omni_rt.engine.weights import load_tokenizer, resolve_model
+    from omni_rt.engine.weights.loader import load_tokenizer, resolve_model
 
     return load_tokenizer(resolve_model("smollm2"))
 
@@ -164,11 +164,11 @@ def test_the_conversation_bound_trims_old_turns_but_never_the_instructions_or_th
 
 def test_short_requests_take_lower_llama_slots_than_heavy_prefills(tokenizer):
     """llama-server fills each batch slot by slot in slot order: a short new part must sit below a heavy one."""
-    from omni_rt.engine.llama_cpp_thinker import LlamaCppThinker
-    from omni_rt.engine.llama_server import LlamaServer
-    from omni_rt.engine.request import parse_request
+    from omni_rt.engine.llama_cpp.thinker import LlamaCppThinker
+    from omni_rt.engine.llama_cpp.server import LlamaServer, LlamaServerArgs
+    from omni_rt.engine.prompt.request import parse_request
 
-    server = LlamaServer("/bin/true", "unused.gguf", parallel=4)  # never started: slot choice is host-side
+    server = LlamaServer("/bin/true", LlamaServerArgs("unused.gguf", parallel=4))  # never started: slot choice is host-side
     assert server.args[server.args.index("-b") + 1] == "16" and "--no-kv-unified" in server.args
     sched = LlamaCppThinker(server, tokenizer=tokenizer, model="m", name="t", dialect="llama.cpp")
     sched.history = HistoryWindow(tokenizer, 1024)
@@ -191,11 +191,11 @@ def test_a_session_keeps_its_slot_even_above_a_busy_heavy_prefill(tokenizer):
     """Moved below a heavy prefill for the batch order, a session would re-prefill its whole conversation in
     another session's slot and evict that one's (which then moves in turn: at 8 sessions x 10 turns that
     cascade made TTFA p50 3.2 s); its own free slot always wins."""
-    from omni_rt.engine.llama_cpp_thinker import LlamaCppThinker
-    from omni_rt.engine.llama_server import LlamaServer
-    from omni_rt.engine.request import parse_request
+    from omni_rt.engine.llama_cpp.thinker import LlamaCppThinker
+    from omni_rt.engine.llama_cpp.server import LlamaServer, LlamaServerArgs
+    from omni_rt.engine.prompt.request import parse_request
 
-    sched = LlamaCppThinker(LlamaServer("/bin/true", "unused.gguf", parallel=4), tokenizer=tokenizer, model="m",
+    sched = LlamaCppThinker(LlamaServer("/bin/true", LlamaServerArgs("unused.gguf", parallel=4)), tokenizer=tokenizer, model="m",
                             name="t", dialect="llama.cpp")
     sched.history = HistoryWindow(tokenizer, 1024)
 
@@ -219,11 +219,11 @@ def test_a_new_session_takes_a_slot_no_other_session_holds_its_prefix_in(tokeniz
     """With one prefix per slot (``--cache-ram 0``) a session's first turn must not evict another session's
     conversation while a slot nobody holds is free; once every slot holds one, the least recently served
     session's goes first, and a closed session's slot is free for anyone."""
-    from omni_rt.engine.llama_cpp_thinker import LlamaCppThinker
-    from omni_rt.engine.llama_server import LlamaServer
-    from omni_rt.engine.request import parse_request
+    from omni_rt.engine.llama_cpp.thinker import LlamaCppThinker
+    from omni_rt.engine.llama_cpp.server import LlamaServer, LlamaServerArgs
+    from omni_rt.engine.prompt.request import parse_request
 
-    sched = LlamaCppThinker(LlamaServer("/bin/true", "unused.gguf", parallel=4), tokenizer=tokenizer, model="m",
+    sched = LlamaCppThinker(LlamaServer("/bin/true", LlamaServerArgs("unused.gguf", parallel=4)), tokenizer=tokenizer, model="m",
                             name="t", dialect="llama.cpp")
     sched.history = HistoryWindow(tokenizer, 1024)
     turns: dict[str, int] = {}
@@ -248,7 +248,7 @@ def test_a_new_session_takes_a_slot_no_other_session_holds_its_prefix_in(tokeniz
     sched.close_session("c")
     assert turn("f") == 2  # a closed session's slot before any live one's
 
-    fresh = LlamaCppThinker(LlamaServer("/bin/true", "unused.gguf", parallel=4), tokenizer=tokenizer, model="m",
+    fresh = LlamaCppThinker(LlamaServer("/bin/true", LlamaServerArgs("unused.gguf", parallel=4)), tokenizer=tokenizer, model="m",
                             name="t2", dialect="llama.cpp")
     fresh.history = HistoryWindow(tokenizer, 1024)
     sched = fresh
@@ -268,7 +268,7 @@ def test_a_front_trimmed_prompt_counts_its_kept_turns_as_cached_with_cache_reuse
     """What llama-server's ``--cache-reuse`` keeps (chunks shifted into place past the first difference) is not
     new: a trimmed history stays a light request (no heavy pieces, its own slot) instead of looking like a
     whole new prompt. Short coincidental matches (< the chunk) are not counted."""
-    from omni_rt.engine.prefix_cache import reusable_len
+    from omni_rt.engine.prompt.prefix import reusable_len
 
     system, old_turns, kept, new = list(range(20)), list(range(100, 300)), list(range(300, 700)), list(range(900, 930))
     before, after = system + old_turns + kept, system + kept + new

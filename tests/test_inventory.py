@@ -15,7 +15,8 @@ import sys
 import pytest
 from conftest import ROOT
 
-from omni_rt.engine import llama_cpp, smollm2
+from omni_rt.engine.llama_cpp import build as llama_cpp
+from omni_rt.engine.weights import smollm2
 
 
 def _models(cache) -> str:

@@ -125,9 +125,9 @@ def _serve_installed_turn(installed: Path, tmp_path: Path, *args: str) -> str:
 def test_wheel_serves_any_gguf_or_openai_server_as_the_thinker(installed, tmp_path):
     """``--thinker`` from the fresh venv: a wrong path is one line and exit 2; a GGUF at another path and a
     llama-server on 127.0.0.1 (the one scripts/install.sh builds) each answer a turn."""
-    from omni_rt.engine import llama_cpp
-    from omni_rt.engine.llama_server import LlamaServer
-    from omni_rt.engine.smollm2 import packaged_gguf_path
+    from omni_rt.engine.llama_cpp import build as llama_cpp
+    from omni_rt.engine.llama_cpp.server import LlamaServer, LlamaServerArgs
+    from omni_rt.engine.weights.smollm2 import packaged_gguf_path
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     missing = tmp_path / "nope.gguf"
@@ -140,8 +140,8 @@ def test_wheel_serves_any_gguf_or_openai_server_as_the_thinker(installed, tmp_pa
     model = tmp_path / "my-thinker.gguf"
     model.symlink_to(packaged_gguf_path())
     assert "paris" in _serve_installed_turn(installed, tmp_path, "--thinker", str(model)).lower()
-    upstream = LlamaServer(binary, packaged_gguf_path(), threads=1, parallel=2, ctx_size=2048,
-                                     cache_ram_mib=0, log_path=tmp_path / "upstream.log")
+    upstream = LlamaServer(binary, LlamaServerArgs(packaged_gguf_path(), threads=1, parallel=2, ctx_size=2048,
+                                                   cache_ram_mib=0), log_path=tmp_path / "upstream.log")
     upstream.start()
     try:
         assert "paris" in _serve_installed_turn(installed, tmp_path, "--thinker", f"{upstream.base_url}/v1").lower()

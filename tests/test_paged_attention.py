@@ -1,4 +1,4 @@
-"""Paged decode (``omni_rt.engine.paged_attention``): page tables, the token-major slot cache as pages, and the
+"""Paged decode (``omni_rt.engine.builtin.paged_attention``): page tables, the token-major slot cache as pages, and the
 engine decoding through them. On CPU the page tables are read by ``GatherDecode`` (the reader FlashInfer is
 checked against); the FlashInfer tests run only where CUDA and FlashInfer are installed."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_rt.engine import weights
-from omni_rt.engine.kv_cache import SlotKVCache
-from omni_rt.engine.paged_attention import GatherDecode, flashinfer_available, page_tables
-from omni_rt.engine.request import SamplingParams
+from omni_rt.engine.weights import loader as weights
+from omni_rt.engine.builtin.kv_cache import SlotKVCache
+from omni_rt.engine.builtin.paged_attention import GatherDecode, flashinfer_available, page_tables
+from omni_rt.engine.prompt.request import SamplingParams
 from tiny_models import build_tiny_model
-from omni_rt.engine.torch_engine import TorchEngine
+from omni_rt.engine.builtin.torch_engine import TorchEngine
 
 GREEDY = SamplingParams()
 # rows cross page boundaries (16) mid-answer: 5 -> 35, 16 -> 46, 17 -> 47 tokens
@@ -123,7 +123,7 @@ def test_paged_decode_refuses_what_it_cannot_apply(tmp_path):
 
 @on_gpu_with_flashinfer
 def test_flashinfer_reads_the_page_tables_as_gather_does():
-    from omni_rt.engine.paged_attention import FlashInferDecode
+    from omni_rt.engine.builtin.paged_attention import FlashInferDecode
 
     dev, dt = torch.device("cuda"), torch.float16
     kv_heads, dim, ps, per_slot = 2, 64, 16, 8

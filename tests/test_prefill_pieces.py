@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from omni_rt.engine.prefill_pieces import ShortPrefills
+from omni_rt.engine.llama_cpp.prefill_pieces import ShortPrefills
 
 
 def test_waits_until_the_last_short_request_has_its_first_token():

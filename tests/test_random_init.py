@@ -1,4 +1,4 @@
-"""Random-init of the GPU preset's real shapes (``omni_rt.engine.random_init``): the configs match the published
+"""Random-init of the GPU preset's real shapes (``omni_rt.engine.weights.random_init``): the configs match the published
 models, the factories build working stages from them, and ``--random-weights`` reaches every stage that can."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from omni_rt.engine.random_init import (CODEC_LM_CODES_END, CONFIGS, ORPHEUS_CODE_OFFSET, apply_random_weights,
+from omni_rt.engine.weights.random_init import (CODEC_LM_CODES_END, CONFIGS, ORPHEUS_CODE_OFFSET, apply_random_weights,
                                         build_causal_lm, build_whisper, model_config)
 from latency_bench.stage_driver import collect, send
 from omni_rt.presets import load_preset
@@ -75,7 +75,7 @@ def test_random_codec_lm_speaks_audio_codes():
 
 
 def test_a_factory_naming_random_init_gets_it():
-    from omni_rt.engine.random_init import supports_random_init
+    from omni_rt.engine.weights.random_init import supports_random_init
 
     assert supports_random_init("omni_rt.stages.vocoder:create_snac_vocoder", {})
     assert not supports_random_init("omni_rt.stages.talker:create_piper_talker", {})  # no such parameter
@@ -166,7 +166,7 @@ async def test_gpu_preset_on_random_weights_end_to_end(speech_samples):
 
 def test_stand_in_tokenizer_from_a_saved_directory(tmp_path, monkeypatch):
     """What travels to a GPU machine (the 94 MB package does not fit): the tokenizer's files alone."""
-    from omni_rt.engine.random_init import STAND_IN_TOKENIZER_ENV, stand_in_tokenizer
+    from omni_rt.engine.weights.random_init import STAND_IN_TOKENIZER_ENV, stand_in_tokenizer
 
     packaged = stand_in_tokenizer()
     packaged.save_pretrained(tmp_path / "tok")

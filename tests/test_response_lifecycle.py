@@ -353,7 +353,7 @@ TWO_ASSISTANT_TURNS = [SYSTEM, {"role": "user", "content": "What is the capital 
 
 @pytest.fixture(scope="module")
 def llama_sched():
-    from omni_rt.engine import llama_cpp
+    from omni_rt.engine.llama_cpp import build as llama_cpp
     from omni_rt.engine.factory import create_ar_scheduler
 
     if llama_cpp.locate_binary() is None:

@@ -8,11 +8,11 @@ import collections
 import pytest
 import torch
 
-from omni_rt.engine import weights
+from omni_rt.engine.weights import loader as weights
 from omni_rt.engine.factory import create_ar_scheduler
-from omni_rt.engine.language import steer_messages, vocab_mask
-from omni_rt.engine.request import SamplingParams, parse_request
-from omni_rt.engine.sampling import SlotSampler, no_repeat_ngram_ban
+from omni_rt.engine.prompt.language import steer_messages, vocab_mask
+from omni_rt.engine.prompt.request import SamplingParams, parse_request
+from omni_rt.engine.builtin.sampling import SlotSampler, no_repeat_ngram_ban
 from tiny_models import build_tiny_model
 from latency_bench.stage_driver import collect, send
 

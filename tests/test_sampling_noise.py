@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from omni_rt.engine.request import SamplingParams
-from omni_rt.engine.sampling import SlotSampler, gumbel_noise, unit_uniform
+from omni_rt.engine.prompt.request import SamplingParams
+from omni_rt.engine.builtin.sampling import SlotSampler, gumbel_noise, unit_uniform
 
 
 def test_unit_uniform_is_open_at_both_ends():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize
 
-from omni_rt.engine import smollm2
+from omni_rt.engine.weights import smollm2
 
 TARGET = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "f16": gguf.GGMLQuantizationType.F16}
 

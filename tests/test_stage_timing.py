@@ -94,7 +94,7 @@ async def test_one_turn_reports_queue_and_compute_per_stage(live_server, speech_
 def test_first_token_split_by_the_upstreams_own_timings():
     """llama-server's prefill + one token's decode count as compute, the rest of arrival -> first token as
     waiting; with no timings (a generic upstream) the whole time is compute, never a negative wait."""
-    from omni_rt.engine.async_stream import first_token_timing
+    from omni_rt.engine.streamed.async_stream import first_token_timing
 
     t = first_token_timing(10.0, 10.5, {"prompt_ms": 120.0, "predicted_per_token_ms": 30.0})
     assert abs(t.compute_s - 0.15) < 1e-9 and abs(t.queue_s - 0.35) < 1e-9

@@ -19,11 +19,11 @@ import websockets
 from conftest import ROOT, free_port, start_server, stop_server
 from test_realtime_tools import Client
 
-from omni_rt.engine import llama_cpp
-from omni_rt.engine.llama_server import LlamaServer
-from omni_rt.engine.openai_compat_server import ServerThread
-from omni_rt.engine.thinker_choice import ThinkerError, thinker_args
-from omni_rt.engine.smollm2 import packaged_gguf_path
+from omni_rt.engine.llama_cpp import build as llama_cpp
+from omni_rt.engine.llama_cpp.server import LlamaServer, LlamaServerArgs
+from omni_rt.engine.streamed.openai_compat_server import ServerThread
+from omni_rt.engine.weights.thinker_choice import ThinkerError, thinker_args
+from omni_rt.engine.weights.smollm2 import packaged_gguf_path
 
 
 def _metadata_gguf(path: Path, chat_template: str | None) -> Path:
@@ -118,8 +118,8 @@ async def test_serve_with_a_local_gguf(tmp_path, binary):
 
 
 async def test_serve_with_an_openai_compatible_server(tmp_path, binary):
-    upstream = LlamaServer(binary, packaged_gguf_path(), threads=1, parallel=2, ctx_size=2048,
-                                     cache_ram_mib=0, log_path=tmp_path / "upstream.log")
+    upstream = LlamaServer(binary, LlamaServerArgs(packaged_gguf_path(), threads=1, parallel=2, ctx_size=2048,
+                                                   cache_ram_mib=0), log_path=tmp_path / "upstream.log")
     upstream.start()
     try:
         server = start_server(tmp_path, "--thinker", f"{upstream.base_url}/v1", "--max-sessions", "2")
@@ -151,7 +151,7 @@ def test_hub_repo_thinker_comes_from_the_cache_or_fails_in_one_line(tmp_path):
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     for name in ("tiny-chat-Q4_K_M.gguf", "tiny-chat-Q8_0.gguf"):
         _metadata_gguf(snap / name, template)
-    probe = ("import sys; from omni_rt.engine.thinker_choice import thinker_args, ThinkerError\n"
+    probe = ("import sys; from omni_rt.engine.weights.thinker_choice import thinker_args, ThinkerError\n"
              "try: print(thinker_args(sys.argv[1])['model'])\n"
              "except ThinkerError as e: print('ERR', e)\n")
     run = lambda spec: subprocess.run([sys.executable, "-c", probe, spec], env=_hub_env(tmp_path), cwd=ROOT,

@@ -58,7 +58,7 @@ class TokenDelta:
 class SpeechPrompt:
     """One clause to speak, as a request for the codec LM it streams into. An AR stage that receives these as
     stream chunks runs a response's prompts one after another and streams their tokens under the response's id
-    (``omni_rt.engine.segments``); ``request`` is an AR request payload (``prompt_ids``, ``max_tokens``...)."""
+    (``omni_rt.engine.builtin.segments``); ``request`` is an AR request payload (``prompt_ids``, ``max_tokens``...)."""
 
     text: str
     request: dict[str, Any]

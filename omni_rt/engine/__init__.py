@@ -8,7 +8,7 @@ Message contract (every backend: built-in ``ARScheduler``, ``RemoteThinker``, ``
   ``no_repeat_ngram_size``, ``seed`` (absent = the preset's ``sampling`` default), ``answer_policy``
   (``{"max_sentences", "max_words"}``; absent = the preset's; see ``answer_policy``), ``stop`` (strings),
   ``stop_token_ids``, ``ignore_eos``, ``output`` ("text" | "tokens"); function calling
-  (``omni_rt.engine.tool_schema``, ``tool_prompt``, ``tool_parser``): ``tools`` (Realtime flat function
+  (``omni_rt.engine.tools``: ``schema``, ``prompt``, ``parser``): ``tools`` (Realtime flat function
   tools), ``tool_choice`` (auto | none | required | {"type": "function", "name"}; forced ones decode under a
   JSON-schema grammar), ``parallel_tool_calls``, and OpenAI chat tool messages (assistant ``tool_calls``,
   role ``tool``).
@@ -22,4 +22,20 @@ Message contract (every backend: built-in ``ARScheduler``, ``RemoteThinker``, ``
 - ``error`` out: data = message, ``metadata["code"]``; only the failing request is affected.
 
 Build one with ``omni_rt.engine.factory.create_ar_scheduler``. Nothing heavy is imported here.
+
+The subpackages, by job:
+
+- ``builtin/``: the built-in PyTorch engine — ``ar_scheduler`` (continuous batching, chunked prefill, prefix
+  restore) over ``torch_engine`` (the model runner), ``kv_cache``, ``prefix_cache``, ``attention`` and
+  ``paged_attention``, ``sampling``, ``sequence`` / ``sequence_builder``, ``token_publisher``,
+  ``tool_decoding``, ``segments`` (streamed requests), ``heap``.
+- ``llama_cpp/``: the CPU thinker — ``build`` (``python -m omni_rt.engine.llama_cpp build``), ``server`` (the
+  supervised ``llama-server`` and its command line, ``LlamaServerArgs``), ``thinker``, ``prefill_pieces``,
+  ``decode_pacing``.
+- ``streamed/``: engines whose tokens arrive as a stream — ``async_stream`` (their base), ``remote`` (any
+  OpenAI-compatible endpoint), ``sglang_engine``; and ``openai_compat_server``, which serves an engine that way.
+- ``tools/``: function calling — ``schema``, ``prompt``, ``parser``, ``grammar`` (constrained decoding).
+- ``prompt/``: shared by every engine — ``request``, ``history``, ``prefix`` (token prefix arithmetic),
+  ``language``, ``answer_policy``, ``detokenize``.
+- ``weights/``: ``loader``, ``smollm2`` (the CPU preset's thinker files), ``random_init``, ``thinker_choice``.
 """

@@ -5,6 +5,7 @@ Backends are imported lazily so that importing this module never pulls in httpx 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +22,7 @@ _LLAMA_KEYS = ("cache_ram_mib", "read_timeout_s", "batch_tokens", "unified_kv", 
 def _try_tokenizer(source: str | None):
     if source is None:
         return None
-    from omni_rt.engine.weights import load_tokenizer, resolve_model
+    from omni_rt.engine.weights.loader import load_tokenizer, resolve_model
 
     try:
         path = resolve_model(source)
@@ -69,17 +70,17 @@ def create_ar_scheduler(
     overrides where ``scheduler.tokenizer`` comes from. ``sampling`` / ``answer_policy`` / ``languages``:
     the preset's decoding defaults, voice answer policy and the talker's languages (see ``ARScheduler``).
     ``history_tokens``: the prompt tokens one session may keep (default: its share of ``kv_budget_tokens``
-    over ``max_batch_size`` slots, at most the context; ``omni_rt.engine.history``); ``conversation_tokens``: the
+    over ``max_batch_size`` slots, at most the context; ``omni_rt.engine.prompt.history``); ``conversation_tokens``: the
     most conversation a prompt keeps after the instructions (every backend with a local tokenizer). ``short_priority_tokens``
     (torch and llama.cpp): a short request holds long prefills back until it has this many tokens.
 
-    ``llama.cpp`` runs ``model`` ("smollm2" = the packaged weights in ``gguf_format``, ``omni_rt.engine.smollm2``; or a ``.gguf`` path) on a managed
+    ``llama.cpp`` runs ``model`` ("smollm2" = the packaged weights in ``gguf_format``, ``omni_rt.engine.weights.smollm2``; or a ``.gguf`` path) on a managed
     ``llama-server`` (``omni_rt.engine.llama_cpp``): ``cpu_threads`` threads, ``max_batch_size`` slots,
     ``kv_budget_tokens`` of shared context; ``gguf_format`` (``q8_0`` or ``f16``) is the format "smollm2" is
     served in, the fastest one depends on the CPU. Without a built binary it falls back to ``torch`` with a warning.
 
     ``random_init`` (torch only): random weights of ``model``'s real shape (a model id known to
-    ``omni_rt.engine.random_init``; ``random_size="tiny"`` shrinks it for CPU) with SmolLM2's tokenizer as the
+    ``omni_rt.engine.weights.random_init``; ``random_size="tiny"`` shrinks it for CPU) with SmolLM2's tokenizer as the
     offline stand-in, so the preset runs and is benchmarked with no hub weights.
     """
     if random_init and backend != "torch":
@@ -87,23 +88,31 @@ def create_ar_scheduler(
     quality = dict(sampling=sampling, answer_policy=answer_policy, languages=languages)
     llama_args = {k: backend_kwargs.pop(k) for k in _LLAMA_KEYS if k in backend_kwargs}
     if backend in ("llama.cpp", "llama_cpp", "llamacpp"):
-        from omni_rt.engine import llama_cpp, smollm2
+        from omni_rt.engine.llama_cpp import build as llama_cpp
+        from omni_rt.engine.weights import smollm2
 
         root = llama_args.pop("llama_cpp_root", None)  # the binary cache (tests point it at an empty dir)
         extra_args = tuple(llama_args.pop("extra_args", ()))
         gguf_format = smollm2.check_format(str(llama_args.pop("gguf_format", smollm2.DEFAULT_FORMAT)), name)
         binary = llama_cpp.locate_binary(root)
         if binary is not None:
-            from omni_rt.engine.llama_cpp_thinker import create_llama_cpp_thinker
+            from omni_rt.engine.llama_cpp.server import LlamaServerArgs
+            from omni_rt.engine.llama_cpp.thinker import create_llama_cpp_thinker
 
             gguf = smollm2.ensure_served_gguf(gguf_format) if model == "smollm2" else Path(model)
-            return create_llama_cpp_thinker(
+            server_keys = {f.name for f in dataclasses.fields(LlamaServerArgs)}
+            server_args = LlamaServerArgs(
                 gguf,
-                binary,
-                name=name,
                 threads=cpu_threads or 1,
                 parallel=max_batch_size,
                 ctx_size=kv_budget_tokens,
+                extra_args=(*extra_args, *(() if prefix_reuse else ("--no-cache-prompt",))),
+                **{k: llama_args.pop(k) for k in list(llama_args) if k in server_keys},
+            )
+            return create_llama_cpp_thinker(
+                server_args,
+                binary,
+                name=name,
                 # a .gguf carries its tokenizer (load_tokenizer reads it), for a preset's `model: FILE.gguf` too:
                 # without one a thinker has no token counts, so no history window, language bias or prefill hints
                 tokenizer=_try_tokenizer(tokenizer or str(model)),
@@ -113,7 +122,6 @@ def create_ar_scheduler(
                 short_priority_tokens=short_priority_tokens,
                 **quality,
                 **llama_args,
-                extra_args=(*extra_args, *(() if prefix_reuse else ("--no-cache-prompt",))),
             )
         log.warning(
             "llama.cpp thinker unavailable (%s; expected %s): falling back to the PyTorch thinker. "
@@ -133,12 +141,12 @@ def create_ar_scheduler(
             # process-wide: on a small CPU the thinker shares cores with ASR and TTS threads, and torch's
             # OpenMP pool spinning on a busy core costs more than the parallelism gains
             torch.set_num_threads(cpu_threads)
-        from omni_rt.engine.ar_scheduler import ARScheduler
-        from omni_rt.engine.torch_engine import TorchEngine
-        from omni_rt.engine.weights import load_model, load_tokenizer, resolve_model, torch_dtype
+        from omni_rt.engine.builtin.ar_scheduler import ARScheduler
+        from omni_rt.engine.builtin.torch_engine import TorchEngine
+        from omni_rt.engine.weights.loader import load_model, load_tokenizer, resolve_model, torch_dtype
 
         if random_init:
-            from omni_rt.engine.random_init import build_causal_lm, stand_in_tokenizer
+            from omni_rt.engine.weights.random_init import build_causal_lm, stand_in_tokenizer
 
             tok = load_tokenizer(tokenizer) if tokenizer else stand_in_tokenizer()
             module = build_causal_lm(model, dtype=torch_dtype(dtype), device=device, size=random_size, tokenizer=tok)
@@ -171,7 +179,7 @@ def create_ar_scheduler(
             short_priority_tokens=short_priority_tokens,
         )
     if backend == "remote":
-        from omni_rt.engine.remote import RemoteThinker
+        from omni_rt.engine.streamed.remote import RemoteThinker
 
         if not base_url:
             raise ValueError("backend='remote' needs base_url, e.g. http://127.0.0.1:30000/v1")
@@ -188,7 +196,7 @@ def create_ar_scheduler(
             **backend_kwargs,
         )
     if backend == "sglang":
-        from omni_rt.engine.sglang_engine import SGLangThinker
+        from omni_rt.engine.streamed.sglang_engine import SGLangThinker
 
         return SGLangThinker(model, name=name, default_max_tokens=default_max_tokens, dtype=dtype, **backend_kwargs)
     raise ValueError(f"unknown backend {backend!r}; use 'torch', 'remote', 'sglang' or 'llama.cpp'")

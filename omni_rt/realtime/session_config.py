@@ -179,7 +179,7 @@ class SessionConfig:
                 raise ProtocolError("unsupported_value", f"session.{key} is not supported by this server", f"session.{key}")
 
     def _set_tools(self, tools: Any, tool_choice: Any, prefix: str = "session") -> None:
-        from omni_rt.engine.tool_schema import parse_tool_choice, validate_tools
+        from omni_rt.engine.tools.schema import parse_tool_choice, validate_tools
 
         tools = [] if tools is None else tools
         try:

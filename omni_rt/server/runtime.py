@@ -34,12 +34,12 @@ class Runtime:
             self.config.stage(audio_in).args.update(max_sessions=settings.max_sessions,
                                                     max_buffered_bytes=int(settings.max_buffered_audio_s * PIPELINE_INPUT_RATE * 2))
         if settings.thinker and config is None:  # --thinker: any GGUF or OpenAI-compatible server
-            from omni_rt.engine.thinker_choice import apply_thinker
+            from omni_rt.engine.weights.thinker_choice import apply_thinker
 
             stage = apply_thinker(self.config, settings.thinker, settings.thinker_api_key)
             log.info("thinker (stage %s): %s", stage, settings.thinker)
-        if settings.random_weights:  # offline benchmarking: no hub weights (omni_rt.engine.random_init)
-            from omni_rt.engine.random_init import apply_random_weights
+        if settings.random_weights:  # offline benchmarking: no hub weights (omni_rt.engine.weights.random_init)
+            from omni_rt.engine.weights.random_init import apply_random_weights
 
             changed = apply_random_weights(self.config, settings.random_weights)
             log.info("random weights (%s) on stages %s", settings.random_weights, changed)
@@ -91,7 +91,7 @@ class Runtime:
         return coord.stages[coord.roles.response].scheduler
 
     def session_limits(self) -> SessionLimits:
-        """Per-session caps; with the thinker's history budget (``omni_rt.engine.history``) once it is known, so
+        """Per-session caps; with the thinker's history budget (``omni_rt.engine.prompt.history``) once it is known, so
         an item too large for any prompt is refused when it is created."""
         history = getattr(self._response_scheduler(), "history", None)
         budget = {} if history is None else dict(

@@ -16,7 +16,7 @@ class ServerSettings(BaseSettings):
     port: int = 8000
     preset: str = "cpu"
     thinker: str | None = Field(None, description="the thinker instead of the preset's: a .gguf path or an "
-                                "http(s)://HOST:PORT/v1 OpenAI-compatible server (omni_rt.engine.thinker_choice)")
+                                "http(s)://HOST:PORT/v1 OpenAI-compatible server (omni_rt.engine.weights.thinker_choice)")
     thinker_api_key: str | None = Field(None, description="bearer token for a --thinker URL")
     api_key: str | None = Field(None, description="require 'Authorization: Bearer KEY' (or ?token=KEY for browsers)")
     allowed_origins: list[str] = Field(default_factory=list, description="browser Origins allowed; empty = any")

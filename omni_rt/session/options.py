@@ -13,7 +13,7 @@ class SessionLimits:
     max_append_bytes: int = 1 << 20  # one append: ~21 s of 24 kHz PCM16
     max_outgoing_bytes: int = 16 << 20  # queued for a client that does not read: then the session is closed
     max_response_tokens: int = 96
-    # the thinker's budget for one item (omni_rt.engine.history): tokens of a text, and the most one item may
+    # the thinker's budget for one item (omni_rt.engine.prompt.history): tokens of a text, and the most one item may
     # hold; an item above it could never be part of a prompt and is refused at conversation.item.create
     item_tokens: Callable[[str], int] | None = None
     max_item_tokens: int = 0

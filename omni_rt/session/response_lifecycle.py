@@ -15,7 +15,7 @@ from omni_rt.audio import PIPELINE_OUTPUT_RATE
 from omni_rt.audio.formats import OutputEncoder
 from omni_rt.audio.pcm import pcm16_to_float
 from omni_rt.contracts import payloads as c
-from omni_rt.engine.answer_policy import response_answer_policy
+from omni_rt.engine.prompt.answer_policy import response_answer_policy
 from omni_rt.realtime.errors import ProtocolError, error_event, failure_message
 from omni_rt.realtime.events import new_id
 from omni_rt.realtime.session_config import SessionConfig

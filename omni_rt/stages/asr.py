@@ -565,7 +565,7 @@ def create_asr_stage(
     ``vad_sound_end_ratio``: where a turn's silence starts counting (``omni_rt.backends.vad.ENERGY_END_RATIO``;
     0 = at Silero's last speech frame, the ablation).
     ``random_init`` (transformers backend): random weights of ``model``'s real shape
-    (``omni_rt.engine.random_init``; ``random_size="tiny"`` for CPU), so the preset runs with no hub weights.
+    (``omni_rt.engine.weights.random_init``; ``random_size="tiny"`` for CPU), so the preset runs with no hub weights.
     """
     from omni_rt.backends.vad import SileroVadModel
 
@@ -590,7 +590,7 @@ def create_asr_stage(
             raise ValueError("stage 'asr' field 'model': the transformers backend needs a model path or hub id")
         dtype = torch.float16 if device != "cpu" else torch.float32
         if random_init:
-            from omni_rt.engine.random_init import build_whisper
+            from omni_rt.engine.weights.random_init import build_whisper
 
             transcriber = TransformersWhisperASR(build_whisper(model, dtype=dtype, device=device, size=random_size),
                                                  device=device, dtype=dtype)

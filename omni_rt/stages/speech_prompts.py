@@ -4,7 +4,7 @@ one codec-LM prompt per clause out.
 The talker is a normal pair of stages: this one splits the answer into clauses as it streams (the first one
 short, so the first audio starts early) and writes each as an Orpheus prompt; the next stage is a plain AR
 scheduler (``codec_lm``) that generates each prompt's SNAC codes batched with every other session's
-(``omni_rt.engine.segments``), and the vocoder regroups those codes into frames. Stream in: ``TextDelta``;
+(``omni_rt.engine.builtin.segments``), and the vocoder regroups those codes into frames. Stream in: ``TextDelta``;
 stream out: ``SpeechPrompt``; result: the payload plus the clauses spoken.
 
 A clause's token budget comes from its words (``clause_token_budget``): enough codes for the clause spoken
@@ -89,8 +89,8 @@ def create_speech_prompts(
 ) -> SpeechPrompter:
     """``tokenizer``: the codec LM's text tokenizer (a local directory or a hub id already cached locally).
     ``random_init`` (a codec LM on random weights, offline): the packaged stand-in tokenizer instead."""
-    from omni_rt.engine.random_init import stand_in_tokenizer
-    from omni_rt.engine.weights import load_tokenizer, resolve_model
+    from omni_rt.engine.weights.random_init import stand_in_tokenizer
+    from omni_rt.engine.weights.loader import load_tokenizer, resolve_model
 
     try:
         tok = stand_in_tokenizer() if random_init else load_tokenizer(resolve_model(tokenizer))
