@@ -96,6 +96,10 @@ class ResponseLifecycle:
         if cfg.tools and cfg.tool_choice != "none":
             payload["tools"] = [dict(t) for t in cfg.tools]
             payload["tool_choice"] = cfg.tool_choice
+            if cfg.parallel_tool_calls is not None:
+                payload["parallel_tool_calls"] = cfg.parallel_tool_calls
+        if cfg.temperature is not None:  # else the preset's sampling (greedy)
+            payload["temperature"] = cfg.temperature
         return payload
 
     def hint_next_prompt(self, cfg: SessionConfig, heard: str) -> None:
