@@ -65,6 +65,8 @@ class RealtimeSession:
         send = self.outbox.send
         self.config_updates = ConfigUpdates(self.id, config, send=send, send_error=self.send_error, commands=self._commands)
         self.conversation = Conversation()
+        self.conversation.truncation = lambda: self.config.truncation
+        self.conversation.on_evict = lambda it: send({"type": "conversation.item.deleted", "item_id": it.id})
         self.held = HeldAnswers(send, self.conversation, self._observations)
         self.tool_calls = ToolCallItems(self.conversation, self.held.emit)
         self.responses = ResponseLifecycle(
