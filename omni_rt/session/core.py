@@ -136,7 +136,8 @@ class RealtimeSession:
 
     @property
     def stats(self) -> dict[str, int]:
-        return {"errors": self._errors, "speculative_released": self.held.released, "speculative_discarded": self.held.discarded}
+        return {"errors": self._errors, "speculative_released": self.held.released, "speculative_discarded": self.held.discarded,
+                "responses": self.responses.finished, "items": len(self.conversation.items)}
 
     def live_state(self) -> dict[str, int]:
         """Per-session entries still held (tests assert they return to zero)."""

@@ -43,6 +43,7 @@ class ResponseLifecycle:
         self.active: Response | None = None
         self.hints = prefill_hints
         self._running: dict[str, tuple[Response, OutputEncoder | None]] = {}
+        self.finished = 0  # responses ended (done, cancelled or failed): the session's closing log line counts them
 
     def live(self) -> int:
         return len(self._running)
@@ -281,6 +282,7 @@ class ResponseLifecycle:
         if self.active is resp:
             self.active = None
         resp.transition(state, reason)
+        self.finished += 1
         if state is not ResponseState.DONE:
             ttfa = resp.ttfa_ms()
             self.log.info("response %s %s (%s)%s", resp.id, state.value, reason,
