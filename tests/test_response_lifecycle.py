@@ -154,7 +154,7 @@ def connect(server):
 
 async def test_full_conversation_refuses_response_create_and_recovers(live_server):
     async with asyncio.timeout(300), connect(live_server) as ws:
-        c = await Client(ws).open(TEXT_SESSION)
+        c = await Client(ws).open({**TEXT_SESSION, "truncation": "disabled"})  # the default drops the oldest
         for i in range(MAX_ITEMS):
             await c.send(type="conversation.item.create",
                          item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"note {i}"}]})
@@ -414,7 +414,8 @@ from omni_rt.session.core import RealtimeSession  # noqa: E402
 def _filled(n: int) -> RealtimeSession:
     s = RealtimeSession()
     s.open()
-    s.receive_event({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+    s.receive_event({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"],
+                                                           "truncation": "disabled"}})
     for i in range(n):
         s.receive_event({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
                                                                       "content": [{"type": "input_text", "text": f"n{i}"}]}})

@@ -87,13 +87,15 @@ def parse_client_message(raw: str | bytes) -> dict[str, Any]:
         try:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ProtocolError("invalid_json", f"message is not UTF-8: {exc}") from None
+            raise ProtocolError("invalid_json", f"message is not valid UTF-8 (byte {exc.start})") from None
     if json_depth_exceeds(raw, MAX_JSON_DEPTH):
         raise ProtocolError("invalid_json", f"message nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         event = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolError("invalid_json", f"message is not valid JSON: {exc}") from None
+    except json.JSONDecodeError as exc:  # where, not the decoder's own words
+        raise ProtocolError("invalid_json", f"message is not valid JSON (line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise ProtocolError("invalid_json", f"message nests deeper than {MAX_JSON_DEPTH} levels") from None
     if not isinstance(event, dict):
         raise ProtocolError("invalid_json", "message must be a JSON object with a 'type'")
     _check_strings(event, "")

@@ -11,8 +11,10 @@ import logging
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from threadpoolctl import threadpool_info
 
 from omni_rt.resources import web_dir
@@ -69,6 +71,49 @@ async def admit(ws: WebSocket, runtime: Runtime, surface: str) -> bool:
     return True
 
 
+def error_body(message: str, code: str, param: str | None = None, type_: str = "invalid_request_error") -> dict:
+    """OpenAI's error shape, for every HTTP error this server answers."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+# HTTP status -> (code, message) of the errors Starlette raises itself (unknown path, wrong method...)
+HTTP_ERRORS = {
+    400: ("bad_request", "the request is not valid"),
+    401: ("invalid_api_key", "missing or invalid API key"),
+    403: ("forbidden", "this request is not allowed"),
+    404: ("not_found", "no such path on this server"),
+    405: ("method_not_allowed", "this path does not take that method"),
+    413: ("request_too_large", "the request body is too large"),
+    415: ("unsupported_media_type", "unsupported content type"),
+}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Unknown paths, wrong methods and bad query values answer in OpenAI's error shape (not FastAPI's
+    ``{"detail": ...}``), with messages written for clients (no validator internals)."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code, message = HTTP_ERRORS.get(exc.status_code, ("http_error", f"the request failed (HTTP {exc.status_code})"))
+        if exc.status_code == 404:
+            message = f"no such path on this server: {request.url.path[:100]}"
+        elif exc.status_code == 405:
+            message = f"{request.url.path[:100]} does not take {request.method[:10]}"
+        status = exc.status_code
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        return JSONResponse(error_body(message, code, None, kind), status_code=status, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = (exc.errors() or [{}])[0]
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("query", "path", "body", "header")]
+        param = ".".join(loc) or None
+        kind = str(first.get("type", ""))
+        what = "an integer" if "int" in kind else "a number" if "float" in kind else "a boolean" if "bool" in kind else None
+        message = f"'{param}' must be {what}" if param and what else f"'{param}' is not valid" if param else "the request is not valid"
+        return JSONResponse(error_body(message, "invalid_value", param), status_code=400)
+
+
 def create_app(settings: ServerSettings | None = None, runtime: Runtime | None = None) -> FastAPI:
     settings = settings or ServerSettings()
     runtime = runtime or Runtime(settings)
@@ -84,12 +129,13 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
 
     app = FastAPI(title="omni-rt", lifespan=lifespan)
     app.state.runtime = runtime
+    install_error_handlers(app)
 
     def guarded(request: Request) -> JSONResponse | None:
         """/metrics and /debug/* need the API key when one is set."""
         if key_ok(settings, presented_key(request.headers, request.query_params)):
             return None
-        return JSONResponse({"error": "missing or invalid API key"}, status_code=401)
+        return JSONResponse(error_body("missing or invalid API key", "invalid_api_key"), status_code=401)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

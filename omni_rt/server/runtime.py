@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from typing import Any
 
@@ -19,6 +20,49 @@ from omni_rt.server.settings import ServerSettings
 from omni_rt.session.core import SessionLimits
 
 log = logging.getLogger("omni_rt.runtime")
+session_log = logging.getLogger("omni_rt.sessions")
+
+
+class SessionRegistry(set):
+    """The open sessions (each transport's ``SessionRunner``), logging one structured line when a session opens
+    and one when it closes: what an operator reads per session (id, transport, duration, answers, errors)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._opened: dict[int, tuple[float, str]] = {}
+
+    @staticmethod
+    def _transport(runner: Any) -> str:
+        explicit = getattr(runner, "transport", None)
+        if isinstance(explicit, str):
+            return explicit
+        if getattr(getattr(runner.session, "options", None), "model_name", None) == "twilio":
+            return "twilio"
+        caller = sys._getframe(2).f_globals.get("__name__", "")  # the transport module that registers it
+        return caller.rsplit(".", 1)[-1] or "unknown"
+
+    def add(self, runner: Any) -> None:
+        if runner in self:
+            return
+        super().add(runner)
+        transport = self._transport(runner)
+        self._opened[id(runner)] = (time.monotonic(), transport)
+        session_log.info("session opened id=%s transport=%s open=%d", runner.session.id, transport, len(self))
+
+    def discard(self, runner: Any) -> None:
+        if runner not in self:
+            return
+        super().discard(runner)
+        t0, transport = self._opened.pop(id(runner), (time.monotonic(), "unknown"))
+        stats = getattr(runner.session, "stats", {})
+        session_log.info("session closed id=%s transport=%s duration_s=%.1f responses=%d errors=%d items=%d open=%d",
+                 runner.session.id, transport, time.monotonic() - t0, stats.get("responses", 0), stats.get("errors", 0),
+                 stats.get("items", 0), len(self))
+
+    def remove(self, runner: Any) -> None:
+        if runner not in self:
+            raise KeyError(runner)
+        self.discard(runner)
 
 
 class Runtime:
@@ -48,7 +92,7 @@ class Runtime:
         self.max_response_tokens = settings.max_response_tokens
         self.speculative_responses = settings.speculative_responses
         self.coordinator: Coordinator | None = None  # type: ignore[assignment]
-        self.sessions: set[Any] = set()  # SessionRunner of every open connection
+        self.sessions: set[Any] = SessionRegistry()  # SessionRunner of every open connection
         self.draining = False  # shutting down: no new sessions
         self._warm_task: asyncio.Task | None = None
 

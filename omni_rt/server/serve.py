@@ -37,6 +37,64 @@ class RedactSecrets(logging.Filter):
         return True
 
 
+_LOOPBACK_URL = re.compile(r"https?://(?:127\.0\.0\.1|localhost|\[::1\]|0\.0\.0\.0):(\d+)[^\s\"',)]*")
+# Quiet libraries: httpx logs one INFO line per request (every thinker call, with the engine's internal URL)
+QUIET_LOGGERS = ("httpx", "httpcore", "hpack", "aioice", "aiortc")
+
+
+class HideInternalUrls(logging.Filter):
+    """No internal address (the engine's loopback URL) in a log line below WARNING: it is replaced with
+    ``<engine>``. The server's own address (its port) is kept. At DEBUG the line is left as it is."""
+
+    def __init__(self, own_port: int) -> None:
+        super().__init__()
+        self.own_port = str(own_port)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING or record.levelno <= logging.DEBUG:
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is logging's to report
+            return True
+        if "://" not in message:
+            return True
+        hidden = _LOOPBACK_URL.sub(lambda m: m.group(0) if m.group(1) == self.own_port else "<engine>", message)
+        if hidden != message:
+            record.msg, record.args = hidden, None
+        return True
+
+
+class ClientMistakesAtInfo(logging.Filter):
+    """uvicorn logs a client's invalid UTF-8 text frame at ERROR with a traceback; it is the client's mistake
+    (the socket is closed with 1007): one INFO line, no traceback. Its per-WebSocket "connection open/closed"
+    lines go to DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and record.msg in ("connection open", "connection closed"):
+            # one line per WebSocket from uvicorn, saying nothing the access line and the session lines do not
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger("uvicorn.error").isEnabledFor(logging.DEBUG)
+        if record.levelno >= logging.ERROR and isinstance(record.msg, str) and record.msg.startswith("Invalid UTF-8"):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "client sent invalid UTF-8 in a text frame: closed with 1007", None
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_logs(own_port: int) -> None:
+    """The server's log policy: library per-request lines off at INFO, no internal URL below WARNING, client
+    mistakes at INFO (omni_rt/server/serve.py)."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    hide = HideInternalUrls(own_port)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(hide)
+    for name in ("uvicorn.error", "uvicorn.access", "uvicorn"):
+        logging.getLogger(name).addFilter(hide)
+    logging.getLogger("uvicorn.error").addFilter(ClientMistakesAtInfo())
+
+
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, runtime) -> None:
         super().__init__(config)
@@ -60,6 +118,7 @@ class DrainingServer(uvicorn.Server):
 def serve(settings: ServerSettings, log_level: str = "info") -> None:
     for name in ("uvicorn.access", "uvicorn.error"):
         logging.getLogger(name).addFilter(RedactSecrets())
+    quiet_logs(settings.port)
     app = create_app(settings)
     metrics = app.state.runtime.metrics
 

@@ -132,8 +132,17 @@ def check_item_tokens(item: Item, limit: int, count: Callable[[str], int], note:
 
 
 class Conversation:
-    def __init__(self) -> None:
+    """The items, and the session's ``truncation`` at the caps: ``auto`` (default) and ``retention_ratio``
+    drop the oldest items to make room (each announced with ``conversation.item.deleted`` through
+    ``on_evict``), ``disabled`` refuses with ``conversation_full``. The thinker's prompt keeps only the newest
+    turns that fit its context (``omni_rt.engine.history``), so items dropped at the caps (512 items, 2 MB) are
+    long out of every prompt: dropping them changes no prompt and no cached prefix."""
+
+    def __init__(self, max_items: int = MAX_ITEMS) -> None:
         self.items: list[Item] = []
+        self.max_items = max_items
+        self.truncation: Callable[[], Any] = lambda: "auto"  # the session's config (session.update replaces it)
+        self.on_evict: Callable[[Item], None] | None = None
 
     def get(self, item_id: Any) -> Item:
         for it in self.items:
@@ -163,14 +172,39 @@ class Conversation:
         return previous_item_id
 
     def check_room(self, chars: int = 0, items: int = 1) -> None:
-        """Raise ``conversation_full`` unless ``items`` more items holding ``chars`` characters fit. A response
-        checks before it starts, so a full conversation refuses it rather than failing it half-announced."""
-        if len(self.items) + items > MAX_ITEMS:
-            raise ProtocolError("conversation_full", f"the conversation holds {len(self.items)} items and keeps at most {MAX_ITEMS}; "
-                                "delete some with conversation.item.delete", "item")
+        """Make room for ``items`` more items holding ``chars`` characters, by the session's truncation, or raise
+        ``conversation_full``. A response checks before it starts, so a full conversation refuses it rather than
+        failing it half-announced."""
+        self._truncate(chars, items)
+        if len(self.items) + items > self.max_items:
+            raise ProtocolError("conversation_full", f"the conversation holds {len(self.items)} items and keeps at most "
+                                f"{self.max_items} (session.truncation is 'disabled'); delete some with "
+                                "conversation.item.delete", "item")
         if sum(it.size() for it in self.items) + chars > MAX_CONVERSATION_CHARS:
             raise ProtocolError("conversation_full", f"the conversation would exceed {MAX_CONVERSATION_CHARS} characters; "
                                 "delete some items with conversation.item.delete", "item")
+
+    def _truncate(self, chars: int, items: int) -> None:
+        """Drop the oldest finished items until ``items`` more (``chars`` characters) fit under the caps; with a
+        ``retention_ratio`` r, down to r of the caps, so the next drop comes later. Never an item in progress."""
+        policy = self.truncation()
+        if policy == "disabled":
+            return
+        total = sum(it.size() for it in self.items)
+        if len(self.items) + items <= self.max_items and total + chars <= MAX_CONVERSATION_CHARS:
+            return
+        ratio = policy.get("retention_ratio", 1.0) if isinstance(policy, dict) else 1.0
+        keep_items = min(self.max_items - items, int(self.max_items * ratio))
+        keep_chars = min(MAX_CONVERSATION_CHARS - chars, int(MAX_CONVERSATION_CHARS * ratio))
+        for it in list(self.items):
+            if len(self.items) <= keep_items and total <= keep_chars:
+                break
+            if it.status == "in_progress":
+                continue
+            self.items.remove(it)
+            total -= it.size()
+            if self.on_evict is not None:
+                self.on_evict(it)
 
     def delete(self, item_id: Any) -> None:
         self.items.remove(self.get(item_id))

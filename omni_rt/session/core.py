@@ -65,6 +65,8 @@ class RealtimeSession:
         send = self.outbox.send
         self.config_updates = ConfigUpdates(self.id, config, send=send, send_error=self.send_error, commands=self._commands)
         self.conversation = Conversation()
+        self.conversation.truncation = lambda: self.config.truncation
+        self.conversation.on_evict = lambda it: send({"type": "conversation.item.deleted", "item_id": it.id})
         self.held = HeldAnswers(send, self.conversation, self._observations)
         self.tool_calls = ToolCallItems(self.conversation, self.held.emit)
         self.responses = ResponseLifecycle(
@@ -134,7 +136,8 @@ class RealtimeSession:
 
     @property
     def stats(self) -> dict[str, int]:
-        return {"errors": self._errors, "speculative_released": self.held.released, "speculative_discarded": self.held.discarded}
+        return {"errors": self._errors, "speculative_released": self.held.released, "speculative_discarded": self.held.discarded,
+                "responses": self.responses.finished, "items": len(self.conversation.items)}
 
     def live_state(self) -> dict[str, int]:
         """Per-session entries still held (tests assert they return to zero)."""

@@ -113,7 +113,7 @@ def item_truncate(event: dict[str, Any], conversation: Conversation, responses: 
 
 RESPONSE_FIELDS = {"instructions", "output_modalities", "modalities", "max_output_tokens", "max_response_output_tokens",
                    "audio", "voice", "output_audio_format", "tools", "tool_choice", "metadata", "conversation", "input",
-                   "temperature", "prompt"}
+                   "temperature", "prompt", "parallel_tool_calls", "reasoning"}
 MAX_METADATA_KEYS = 16
 
 
@@ -158,13 +158,16 @@ def response_create(event: dict[str, Any], config: SessionConfig, limits: Sessio
     for key in params:
         if key not in RESPONSE_FIELDS:
             raise ProtocolError("unknown_parameter", f"response.{key[:40]} is not a response.create field", f"response.{key[:40]}")
-    if params.get("temperature") is not None or params.get("prompt") is not None:
-        key = "temperature" if "temperature" in params else "prompt"
-        raise ProtocolError("unsupported_value", f"response.{key} is not supported by this server", f"response.{key}")
+    if isinstance(params.get("audio"), dict):  # a response has output audio only
+        for key in params["audio"]:
+            if key != "output":
+                raise ProtocolError("unknown_parameter", f"unknown parameter 'response.audio.{str(key)[:40]}'",
+                                    f"response.audio.{str(key)[:40]}")
     cfg = config.copy()
     try:
         cfg.update({k: v for k, v in params.items() if k in ("instructions", "output_modalities", "modalities", "max_output_tokens",
-                                                              "max_response_output_tokens", "audio", "voice", "output_audio_format")})
+                                                              "max_response_output_tokens", "audio", "voice", "output_audio_format",
+                                                              "temperature", "prompt", "parallel_tool_calls", "reasoning")})
         if "tools" in params or "tool_choice" in params:
             cfg._set_tools(params.get("tools", cfg.tools), params.get("tool_choice", cfg.tool_choice), prefix="response")
     except ProtocolError as exc:

@@ -43,6 +43,7 @@ class ResponseLifecycle:
         self.active: Response | None = None
         self.hints = prefill_hints
         self._running: dict[str, tuple[Response, OutputEncoder | None]] = {}
+        self.finished = 0  # responses ended (done, cancelled or failed): the session's closing log line counts them
 
     def live(self) -> int:
         return len(self._running)
@@ -96,6 +97,10 @@ class ResponseLifecycle:
         if cfg.tools and cfg.tool_choice != "none":
             payload["tools"] = [dict(t) for t in cfg.tools]
             payload["tool_choice"] = cfg.tool_choice
+            if cfg.parallel_tool_calls is not None:
+                payload["parallel_tool_calls"] = cfg.parallel_tool_calls
+        if cfg.temperature is not None:  # else the preset's sampling (greedy)
+            payload["temperature"] = cfg.temperature
         return payload
 
     def hint_next_prompt(self, cfg: SessionConfig, heard: str) -> None:
@@ -277,6 +282,7 @@ class ResponseLifecycle:
         if self.active is resp:
             self.active = None
         resp.transition(state, reason)
+        self.finished += 1
         if state is not ResponseState.DONE:
             ttfa = resp.ttfa_ms()
             self.log.info("response %s %s (%s)%s", resp.id, state.value, reason,
