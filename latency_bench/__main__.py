@@ -1,87 +1,113 @@
-"""``python -m latency_bench``: the realtime latency report (see ``latency_bench/realtime_bench.py``).
+"""``python -m latency_bench COMMAND``: omni-rt's benchmarks, one command per job.
 
-    python -m latency_bench                 # CPU preset: sweep 1, 2, 4 sessions + ablations (< 15 min on 2 cores)
-    python -m latency_bench --quick         # sweep 1, 2 sessions, 2 turns each, short ablations (< 5 min)
-    python -m latency_bench --preset gpu    # GPU machine: sweep 1, 4, 16 sessions
-    python -m latency_bench --url ws://127.0.0.1:8000 --sessions 1,8   # load a running server (no ablations)
-    python -m latency_bench --thinker my-model.gguf --sessions 1,4 --variants none   # another thinker, 1 and 4 sessions
-    python -m latency_bench.stages          # per-stage latency, in-process, CPU preset
-    python -m latency_bench --turn-detection server_vad,semantic_vad   # turn taking on the labelled set (~12 min)
+    python -m latency_bench report --quick        # the latency report (< 5 min; without --quick < 15 min on 2 cores)
+    python -m latency_bench turns                 # turn taking on the labelled set (~12 min)
+    python -m latency_bench stages                # per-stage latency, in-process
+    python -m latency_bench COMMAND --help        # each command's options
+
+``python -m latency_bench [OPTIONS]`` with no command is ``report [OPTIONS]`` (as before the commands existed).
+Results go to ``latency_bench/results/``; ``report --update-docs`` rewrites ``docs/benchmarks/index.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
+from types import ModuleType
 
-from latency_bench import report
+PROG = "python -m latency_bench"
+
+# command -> (module, one line); each module has add_arguments(parser) and command(args) -> exit status
+COMMANDS: dict[str, tuple[str, str]] = {
+    "report": ("latency_bench.sweep", "the latency report: concurrency sweep, barge-in and ablations over /v1/realtime"),
+    "turns": ("latency_bench.turn_taking", "turn taking: server_vad vs semantic_vad on the labelled set (V2V, false ends)"),
+    "soak": ("latency_bench.soak", "heavy + bystander + dropper sessions, then one long session: fairness and memory"),
+    "quality": ("latency_bench.quality", "answer quality: words, language, key facts, Whisper on the spoken answers"),
+    "stages": ("latency_bench.stage_bench", "per-stage latency in-process (ASR, thinker, talker, vocoder); parts alone below"),
+    "engine": ("latency_bench.engine_bench", "AR engine: tokens/s, TTFT, ms/step at 1/4/8 requests (torch, llama.cpp)"),
+    "gpu": ("latency_bench.gpu", "the GPU preset on random weights of the real shapes (--smoke: on CPU, tiny)"),
+    "webrtc": ("latency_bench.webrtc_bench", "WebRTC vs WebSocket in one run: V2V and TTFA at 1 and 4 sessions"),
+}
+# parts of ``stages`` that run alone: ``python -m latency_bench stages PART``
+STAGE_PARTS: dict[str, tuple[str, str]] = {
+    "asr-batch": ("latency_bench.asr_batch", "ASR throughput when several sessions commit at once, per max_batch"),
+    "vocoder": ("latency_bench.vocoder_bench", "SNAC vocoder stream-frames per second, batched vs one stream at a time"),
+    "overhead": ("latency_bench.pipeline_overhead", "the pipeline runtime's own cost: per hop, and a lone request's wait"),
+}
+# options that say where files go, not what is measured: left out of the command a report shows
+_NOT_SHOWN = ("--log-dir", "--out", "--png", "--note")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m latency_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="short run: levels 1,2; 2 turns; one barge-in; 2-turn ablations of 4 variants")
-    p.add_argument("--preset", default="cpu", help="base preset for the servers started here: cpu | gpu | YAML path")
-    p.add_argument("--thinker", default=None, metavar="MODEL",
-                   help="every server started here runs this thinker (omni-rt serve --thinker: a .gguf file or "
-                        "http(s)://HOST:PORT/v1); the report names it. The 'torch' ablation is skipped with it")
-    p.add_argument("--url", default=None, help="ws://HOST:PORT of a running server (skips server start and ablations)")
-    p.add_argument("--sessions", default=None, help="concurrency levels, comma-separated (default 1,2,4; gpu 1,4,16)")
-    p.add_argument("--turns", type=int, default=None, help="questions per session per level (default 4; quick 2)")
-    p.add_argument("--ablation-turns", type=int, default=None, help="questions per ablation variant (default 3; quick 2)")
-    p.add_argument("--variants", default=None,
-                   help="comma-separated: streaming,naive,no_held,no_async,no_prefix,windowed (default all; quick: streaming,naive,no_held,windowed; 'none' to skip)")
-    p.add_argument("--no-barge", action="store_true", help="skip the barge-in turns")
-    p.add_argument("--chunk-ms", type=int, default=20, help="microphone chunk, sent at its real-time instant (20-40)")
-    p.add_argument("--gap-s", type=float, default=0.8, help="pause after an answer before the next question")
-    p.add_argument("--pace", choices=("done", "playback"), default="done",
-                   help="the pause starts at the answer's response.done (default) or once its audio has played")
-    p.add_argument("--barge-delay-s", type=float, default=0.3, help="talk over the answer this long after its first audio")
-    p.add_argument("--turn-timeout", type=float, default=90.0, help="seconds a turn may take before it counts as failed")
-    p.add_argument("--no-warmup", action="store_true", help="skip the unrecorded warm-up turn on each server")
-    p.add_argument("--out", default=str(report.RESULTS_DIR / "latest.json"))
-    p.add_argument("--png", default=str(report.RESULTS_DIR / "latest.png"))
-    p.add_argument("--log-dir", default=None, help="keep server logs here (default: a temp dir)")
-    p.add_argument("--note", action="append", help="a note printed with the report (repeatable)")
-    p.add_argument("--turn-detection", default=None,
-                   help="turn-taking run instead of the report: comma-separated modes (server_vad,semantic_vad), each on the "
-                        "same server: complete questions (V2V/TTFA) and hesitant ones (false end-of-turn rate)")
-    p.add_argument("--hesitant", type=int, default=None,
-                   help="hesitant utterances per session at 1 session (turn-taking run; default: all of the labelled set's)")
-    p.add_argument("--max-output-tokens", type=int, default=32, help="answer length cap in the turn-taking run")
-    p.add_argument("--update-readme", action="store_true", help="rewrite README.md's '## Benchmarks' section")
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(name)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command listed; ``command``'s options are added (its module imported) only for the
+    command given, so ``--help`` and a light command do not import torch for the others."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=fmt)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    p.set_defaults(_parsers={})  # command (or "stages PART") -> its parser, for its errors
+    for name, (mod, line) in COMMANDS.items():
+        loaded = _module(mod) if name == command else None
+        sp = sub.add_parser(name, help=line, description=loaded.__doc__ if loaded else line, formatter_class=fmt)
+        p.get_default("_parsers")[name] = sp
+        if loaded is None:
+            continue
+        loaded.add_arguments(sp)
+        if name == "stages":
+            parts = sp.add_subparsers(dest="part", metavar="PART", title="parts (each alone, with its own options)")
+            for part, (pmod, pline) in STAGE_PARTS.items():
+                pm = _module(pmod)
+                pp = parts.add_parser(part, help=pline, description=pm.__doc__, formatter_class=fmt)
+                pm.add_arguments(pp)
+                p.get_default("_parsers")[f"stages {part}"] = pp
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
+def parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """(parser of the command run, its args); no command (options only, or nothing) means ``report``."""
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["report", *argv]
+    command = argv[0] if argv[0] in COMMANDS else None
+    parser = build_parser(command)
     args = parser.parse_args(argv)
-    if args.thinker and args.url:
-        parser.error("--thinker chooses the thinker of the servers started here; --url measures a running server as it is")
-    # the command shown in the report: what changes the measurement, not where files go
+    parsers = vars(args).pop("_parsers")
+    sub = parsers[f"stages {args.part}" if getattr(args, "part", None) else args.command]
+    # the command shown in a report: what changes the measurement, not where files go
     shown, skip = [], False
     for a in argv:
         if skip:
             skip = False
             continue
-        if a in ("--log-dir", "--out", "--png", "--note"):
+        if a in _NOT_SHOWN:
             skip = True
             continue
-        if a == "--update-readme" or a.split("=", 1)[0] in ("--log-dir", "--out", "--png", "--note"):
+        if a == "--update-docs" or a.split("=", 1)[0] in _NOT_SHOWN:
             continue
         shown.append(a)
     args.argv = shown
+    return sub, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    sub, args = parse_args(argv)
+    if getattr(args, "thinker", None) and getattr(args, "url", None):
+        sub.error("--thinker chooses the thinker of the servers started here; --url measures a running server as it is")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from latency_bench.realtime_bench import main as run_main
-    from latency_bench.realtime_bench import main_turn_taking
+    module = _module(COMMANDS[args.command][0])
+    if getattr(args, "part", None):
+        module = _module(STAGE_PARTS[args.part][0])
     from omni_rt.engine.weights.thinker_choice import ThinkerError
 
     try:
-        return main_turn_taking(args) if args.turn_detection else run_main(args)
+        return int(module.command(args) or 0)
     except ThinkerError as exc:  # a wrong --thinker: one line, before anything is synthesized or started
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        print(f"{sub.prog}: error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -1,7 +1,7 @@
 """ASR throughput when several sessions commit at once: the CPU preset's faster-whisper tiny.en int8 behind the
 real `AsrWorker`, for each ``max_batch`` (1 = one session at a time, as before batching).
 
-    python -m latency_bench.asr_batch [--sessions 4] [--max-batch 1 2 4] [--repeats 3]
+    python -m latency_bench stages asr-batch [--sessions 4] [--max-batch 1 2 4] [--repeats 3]
 
 Each round: every session commits one spoken question (Piper voice) at the same moment; we time until all
 finals are out (wall) and each session's commit -> final (mean, max). Configs alternate per round; the best
@@ -40,7 +40,13 @@ def _round(sched, audios: list[np.ndarray]) -> dict[str, float]:
     return {"wall_s": max(lat), "mean_s": statistics.mean(lat)}
 
 
-def main(argv: list[str] | None = None) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sessions", type=int, default=4)
+    p.add_argument("--max-batch", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--repeats", type=int, default=3)
+
+
+def command(args: argparse.Namespace) -> int:
     from omni_rt.audio.pcm import resample
     from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.tts_piper import PiperTTS
@@ -48,11 +54,6 @@ def main(argv: list[str] | None = None) -> None:
     from omni_rt.pipeline.messages import IncomingMessage
     from omni_rt.stages.asr import AsrWorker
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sessions", type=int, default=4)
-    p.add_argument("--max-batch", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args(argv)
     tts = PiperTTS()
     texts = ["What is the capital of France?", "What color is the sky on a clear day?",
              "How far away is the moon from the earth?", "Tell me a story about a dragon who loved books."]
@@ -80,7 +81,4 @@ def main(argv: list[str] | None = None) -> None:
         st = scheds[mb].stats()
         print(f"{mb:>9} {best['wall_s']:>11.3f} {best['mean_s']:>13.3f} {args.sessions / best['wall_s']:>10.2f} "
               f"{st['decode_batches']:>8}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

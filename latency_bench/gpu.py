@@ -1,7 +1,7 @@
 """GPU preset benchmark on random weights of the real shapes: no hub weights, no network, one command.
 
-    python -m latency_bench.gpu            # one GPU (target: <= 8 minutes on one H200)
-    python -m latency_bench.gpu --smoke    # the same code on CPU at tiny sizes (< 1 minute; the test suite runs it)
+    python -m latency_bench gpu            # one GPU (target: <= 8 minutes on one H200)
+    python -m latency_bench gpu --smoke    # the same code on CPU at tiny sizes (< 1 minute; the test suite runs it)
 
 Sections (all in one JSON, ``latency_bench/results/gpu.json`` or ``gpu-smoke.json``):
 
@@ -23,6 +23,9 @@ Sections (all in one JSON, ``latency_bench/results/gpu.json`` or ``gpu-smoke.jso
 
 Random weights time the same kernels as trained ones, but not the same answers: answer lengths are fixed
 (``ignore_eos`` + ``max_tokens``), and the text is SmolLM2's tokenizer decoding random ids.
+
+Over 400 lines on purpose: its sections share one ``Plan`` and one result and run as one job on a GPU machine;
+split a section out when it grows.
 """
 
 from __future__ import annotations
@@ -272,7 +275,7 @@ def preset_config(plan: Plan):
 
 def playback(deltas: list[tuple[float, int]]) -> tuple[int, float]:
     """Underruns of a 24 kHz player started at the first chunk: (count, total gap ms)."""
-    from latency_bench.realtime_bench import simulate_playback
+    from omni_rt.testing.playback import simulate_playback
 
     return simulate_playback(deltas)
 
@@ -513,15 +516,28 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(prog="python -m latency_bench.gpu", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, batch 1/2, context 64/128, 1-2 sessions")
     ap.add_argument("--device", default=None, help="default: cuda (cpu with --smoke)")
     ap.add_argument("--out", default=None, help="JSON path (default latency_bench/results/gpu[-smoke].json)")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma-separated subset of {','.join(SECTIONS)} (a rerun of what a cut run missed)")
-    args = ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """The ``gpu`` command with its own argv; returns the result (the test suite runs ``--smoke``)."""
+    ap = argparse.ArgumentParser(prog="python -m latency_bench gpu", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    return run_command(ap.parse_args(argv))
+
+
+def command(args: argparse.Namespace) -> int:
+    run_command(args)
+    return 0
+
+
+def run_command(args: argparse.Namespace) -> dict[str, Any]:
     sections = tuple(x.strip() for x in args.sections.split(",") if x.strip())
     if unknown := set(sections) - set(SECTIONS):
         raise SystemExit(f"--sections: unknown {', '.join(sorted(unknown))} (choose from {', '.join(SECTIONS)})")
@@ -533,13 +549,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.device:
         plan = Plan(**{**asdict(plan), "device": args.device})
     if torch.device(plan.device).type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run `python -m latency_bench.gpu --smoke` on CPU")
+        raise SystemExit("no CUDA device: run `python -m latency_bench gpu --smoke` on CPU")
     out = Path(args.out) if args.out else report.RESULTS_DIR / ("gpu-smoke.json" if args.smoke else "gpu.json")
     result = run(plan, args.smoke, out, sections)
     print(table(result))
     print(f"wrote {out}")
     return result
-
-
-if __name__ == "__main__":
-    main()

@@ -5,7 +5,7 @@
 2. Lone-request wait at an idle batching stage: idle-immediate batching vs a windowed batch (window 50 ms)
    that starts its window with the first request.
 
-Run: ``python -m latency_bench.pipeline_overhead [--requests 2000] [--lone 40]``. Prints a table and writes
+Run: ``python -m latency_bench stages overhead [--requests 2000] [--lone 40]``. Prints a table and writes
 ``latency_bench/results/pipeline_overhead.json``.
 """
 
@@ -145,18 +145,16 @@ def print_table(res: dict[str, Any]) -> None:
     print(f"idle-immediate saves {res['lone_saving_ms_p50']:.1f} ms per lone request (p50)")
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--requests", type=int, default=2000, help="sequential requests per chain length")
     ap.add_argument("--lone", type=int, default=40, help="lone requests per batching mode")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
     res = asyncio.run(run(args.requests, args.lone))
     print_table(res)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=2) + "\n")
     print(f"\nwrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,4 +1,4 @@
-"""Answer-quality benchmark: are the answers worth hearing? (``python -m latency_bench.quality``; not a test.)
+"""Answer-quality benchmark: are the answers worth hearing? (``python -m latency_bench quality``; not a test.)
 
 A fixed set of everyday questions (facts, how-to, chit-chat, follow-ups that need the previous turn, requests
 to stop or repeat), spoken by Piper in real time over ``/v1/realtime`` with ``server_vad``, plus a few typed
@@ -19,6 +19,9 @@ answer policy and language steering as they are) and ``greedy`` (the same preset
 Prints a table and writes ``latency_bench/results/quality.{json,md}``; ``--update-readme`` puts the table in
 README.md under "## Answer quality". ``--limit N`` runs the first N questions (a shorter run, say so).
 ``--thinker MODEL`` measures another thinker on the same preset (``--no-greedy``: its preset run only).
+
+Over 400 lines on purpose: the question set, the per-answer measures and the run share one answer record;
+split the measures out when they grow.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ import datetime as _dt
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -40,7 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from latency_bench import realtime_bench as rb
+from latency_bench.ablations import dump_preset
+from latency_bench.corpus import SR, Utterance, synthesize_corpus
+from latency_bench.server_proc import ROOT, Server, bench_server
+from latency_bench.session_driver import BenchSession, Turn
+from latency_bench.sweep import log_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -145,7 +151,7 @@ def word_accuracy(ref: str, hyp: str) -> tuple[int, int]:
 
 
 # ============================================================================ client
-class QualitySession(rb.BenchSession):
+class QualitySession(BenchSession):
     """A bench session that also keeps each answer's audio, and can ask a typed question."""
 
     def __init__(self, url: str, idx: int) -> None:
@@ -157,8 +163,8 @@ class QualitySession(rb.BenchSession):
             self.audio[ev.get("response_id", "")].append(base64.b64decode(ev["delta"]))
         super()._on_event(ev, t)
 
-    async def ask_typed(self, text: str, timeout: float) -> rb.Turn:
-        turn = self._new_turn("ask", rb.Utterance(text, b"", 0))
+    async def ask_typed(self, text: str, timeout: float) -> Turn:
+        turn = self._new_turn("ask", Utterance(text, b"", 0))
         turn.t_speech_stopped = time.perf_counter()  # TTFA of a typed turn: from response.create
         await self.ws.send(json.dumps({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
@@ -167,7 +173,7 @@ class QualitySession(rb.BenchSession):
         return turn
 
 
-async def run_conversations(url: str, convs: list[list[Q]], corpus: dict[str, rb.Utterance],
+async def run_conversations(url: str, convs: list[list[Q]], corpus: dict[str, Utterance],
                             timeout: float) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for ci, conv in enumerate(convs):
@@ -184,7 +190,7 @@ async def run_conversations(url: str, convs: list[list[Q]], corpus: dict[str, rb
                 out.append({"q": q, "conv": ci, "heard": turn.transcript, "text": r.text if r else "",
                             "status": r.status if r else None, "failure": turn.failure, "ttfa_ms": ttfa,
                             "pcm": pcm})
-                rb._log(f"  [{ci}] {q.text!r} -> {(r.text if r else '')[:90]!r}")
+                log_line(f"  [{ci}] {q.text!r} -> {(r.text if r else '')[:90]!r}")
                 await asyncio.sleep(1.0)  # a pause between turns, as a person would leave
         finally:
             await s.close()
@@ -216,7 +222,7 @@ def score(rows: list[dict[str, Any]], whisper: Any) -> list[dict[str, Any]]:
         audio = pcm16_to_float(row["pcm"]) if row["pcm"] else np.zeros(0, np.float32)
         heard = ""
         if audio.size:
-            segs, _ = whisper.transcribe(resample(audio, rb.SR, 16000), language="en", beam_size=1,
+            segs, _ = whisper.transcribe(resample(audio, SR, 16000), language="en", beam_size=1,
                                          condition_on_previous_text=False)
             heard = " ".join(s.text for s in segs)
         nref, edits = word_accuracy(text, heard)
@@ -225,7 +231,7 @@ def score(rows: list[dict[str, Any]], whisper: Any) -> list[dict[str, Any]]:
         out.append({
             "question": q.text, "kind": q.kind, "typed": q.typed, "conv": row["conv"], "asr_heard": row["heard"],
             "answer": text, "status": row["status"], "failure": row["failure"],
-            "words": len(words_of(text)), "sentences": sentences_of(text), "audio_s": round(audio.size / rb.SR, 2),
+            "words": len(words_of(text)), "sentences": sentences_of(text), "audio_s": round(audio.size / SR, 2),
             "longest_repeat_ngram": longest, "max_4gram_repeats": rep4,
             "language": guess_language(text) or "none",
             "key_word": (any(k in low for k in q.keys) if q.keys else None),
@@ -327,12 +333,12 @@ def derive(base: str, greedy: bool, tmp: Path) -> str:
         entry.setdefault("args", {}).pop(key, None)
     data["name"] = f"{data.get('name', 'preset')}-greedy"
     out = tmp / f"{path.stem}-greedy.yaml"
-    out.write_text(rb.dump_preset(data, f"{path.name} with plain greedy decoding: no sampling defaults, no answer "
+    out.write_text(dump_preset(data, f"{path.name} with plain greedy decoding: no sampling defaults, no answer "
                                         "policy, no language steering (latency_bench.quality)"))
     return str(out)
 
 
-def plan_servers(args: argparse.Namespace, tmp: Path) -> list[tuple[str, str, str, rb.Server]]:
+def plan_servers(args: argparse.Namespace, tmp: Path) -> list[tuple[str, str, str, Server]]:
     """(name, label, preset file, server not yet started) of each run, in order; every server gets ``--thinker``."""
     order = [("preset", False, "its decoding defaults"), ("greedy", True, "plain greedy, before")]
     if getattr(args, "no_greedy", False):
@@ -340,7 +346,7 @@ def plan_servers(args: argparse.Namespace, tmp: Path) -> list[tuple[str, str, st
     out = []
     for name, greedy, label in (order[::-1] if args.greedy_first else order):
         preset = derive(args.preset, greedy, tmp)
-        out.append((name, label, preset, rb.bench_server(args, preset, name, tmp)))
+        out.append((name, label, preset, bench_server(args, preset, name, tmp)))
     return out
 
 
@@ -359,8 +365,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     per = -(-args.limit // len(CONVERSATIONS)) if args.limit else 10**9
     convs = [conv[:per] for conv in CONVERSATIONS]
     texts = [q.text for c in convs for q in c if not q.typed]
-    rb._log(f"synthesizing {len(texts)} spoken questions with Piper")
-    corpus = rb.synthesize_corpus(texts)
+    log_line(f"synthesizing {len(texts)} spoken questions with Piper")
+    corpus = synthesize_corpus(texts)
     whisper = WhisperModel(str(default_whisper_dir()), device="cpu", compute_type="int8", cpu_threads=1)
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
@@ -368,7 +374,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for name, label, preset, server in plan_servers(args, Path(tmp)):
             server.start()
-            rb._log(f"server '{name}' ({preset}) up in {server.startup_s} s")
+            log_line(f"server '{name}' ({preset}) up in {server.startup_s} s")
             try:
                 rows = await run_conversations(server.ws_url, convs, corpus, args.timeout)
             finally:
@@ -410,7 +416,7 @@ A voice answer must be short, on topic, loop-free and in a language the voice ca
 
 
 def update_readme(md: str, header: str) -> None:
-    readme = rb.ROOT / "README.md"
+    readme = ROOT / "README.md"
     text = readme.read_text()
     block = f"## Answer quality\n\n{README_INTRO}\n\n{header}\n\n{md}\n"
     start = text.find("## Answer quality")
@@ -423,9 +429,7 @@ def update_readme(md: str, header: str) -> None:
     readme.write_text(text)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m latency_bench.quality", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="cpu", help="base preset: cpu | gpu | YAML path (default cpu)")
     p.add_argument("--limit", type=int, default=None,
                    help="about N questions: the first N/conversations turns of every conversation (a shorter run)")
@@ -439,12 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--update-readme", action="store_true", help="write the table into README.md '## Answer quality'")
     p.add_argument("--rescore", default=None, metavar="JSON",
                    help="recompute the text measures and the table of a saved run (no servers, no audio)")
-    return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
+def command(args: argparse.Namespace) -> int:
+    """``python -m latency_bench quality`` (a wrong ``--thinker`` raises ``ThinkerError``: the command line prints it)."""
     if args.rescore:
         result = json.loads(Path(args.rescore).read_text())
         keys = {q.text: q.keys for c in CONVERSATIONS for q in c}
@@ -453,19 +455,13 @@ def main(argv: list[str] | None = None) -> int:
                 rescore_text(a, keys.get(a["question"], ()))
             r["summary"] = summary(r["answers"])
     else:
-        from omni_rt.engine.weights.thinker_choice import ThinkerError
-
-        try:
-            result = asyncio.run(run(args))
-        except ThinkerError as exc:
-            print(f"{p.prog}: error: {exc}", file=sys.stderr)
-            return 2
+        result = asyncio.run(run(args))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, ensure_ascii=False))
     md = markdown(result)
     thinker = result.get("thinker") or "the preset's"  # runs saved before --thinker ran the preset's
-    header = (f"`python -m latency_bench.quality` ({result['when']}, preset `{result['preset']}`, thinker {thinker}, "
+    header = (f"`python -m latency_bench quality` ({result['when']}, preset `{result['preset']}`, thinker {thinker}, "
               f"{result['questions']} questions{' (--limit)' if result['limit'] else ''}, {result['cpus']} CPUs, "
               f"load avg {result['load_avg_start']} at start, {result['wall_s']:.0f} s): the preset's decoding "
               f"defaults{' vs plain greedy, same run, same spoken questions' if 'greedy' in result['runs'] else ''}. Language by a script + function-word "
@@ -480,7 +476,3 @@ def main(argv: list[str] | None = None) -> int:
         update_readme(md, header)
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

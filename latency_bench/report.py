@@ -1,5 +1,9 @@
-"""Report helpers for the latency benchmark: machine info, percentiles, tables, JSON, the PNG plot, and the
-README "## Benchmarks" section. No omni_rt imports here (the bench client stays light)."""
+"""Report helpers for the latency benchmark: machine info, percentiles, tables, JSON, the PNG plot, and
+``docs/benchmarks/index.md`` (the latest generated table). No omni_rt imports here (the bench client stays light).
+
+Over 400 lines on purpose: every table, the plot and the docs page read the same result dict; one module keeps
+that format in one place.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import json
 import math
 import os
 import platform
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +18,10 @@ from typing import Any, Iterable
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
+DOCS_INDEX = ROOT / "docs" / "benchmarks" / "index.md"
+# the pages beside index.md, one per topic, that hold each topic's history
+TOPIC_PAGES = [("concurrency", "concurrency.md"), ("turn taking", "turn-taking.md"), ("soak", "soak.md"),
+               ("WebRTC", "webrtc.md"), ("answer quality", "quality.md"), ("engine", "engine.md"), ("GPU", "gpu.md")]
 
 # (key in a turn record, label in tables) — every value is in milliseconds unless the label says otherwise.
 METRICS: list[tuple[str, str]] = [
@@ -202,23 +209,26 @@ def stage_time_table(result: dict[str, Any], markdown: bool = False) -> str:
 
 
 def ablation_table(result: dict[str, Any], markdown: bool = False) -> str:
+    """One row per variant (1 session): its V2V and where the time after speech_stopped went, and the V2V of the
+    run it is compared with (``ratios``: the paired streaming turns, or no_held for the ablations the held
+    answer hides); '-' where the comparison cannot show anything (``ratios``' ``shown``)."""
     ab = result.get("ablation", {})
     if not ab:
         return ""
-    header = ["variant (1 session)", "turns", "TTFA p50", "TTFA p95", "V2V p50", "ASR final p50", "1st token p50",
-              "streaming TTFA p50 (paired)", "TTFA / streaming"]
-    pooled = (ab.get("streaming") or {}).get("summary", {}).get("ttfa_ms", {}).get("p50")
+    header = ["variant (1 session)", "turns", "V2V p50", "V2V p95", "TTFA p50", "ASR final p50", "1st token p50",
+              "compared with", "its V2V p50", "V2V difference"]
+    by_name = {r["variant"]: r for r in result.get("ratios", [])}
     rows = []
     for name, v in ab.items():
         s = v.get("summary", {})
-        p50 = s.get("ttfa_ms", {}).get("p50")
-        paired = (v.get("paired_streaming") or {}).get("summary", {}).get("ttfa_ms", {}).get("p50")
-        base = paired or pooled
-        ratio = f"{p50 / base:.2f}x" if (p50 and base) else "-"
-        rows.append([f"{name}: {v.get('description', '')}", str(v.get("turns_ok", 0)), _fmt(p50), _fmt(s.get("ttfa_ms", {}).get("p95")),
-                     _fmt(s.get("v2v_ms", {}).get("p50")), _fmt(s.get("asr_final_ms", {}).get("p50")),
-                     _fmt(s.get("first_token_ms", {}).get("p50")), _fmt(paired) if name != "streaming" else "-",
-                     ratio if name != "streaming" else "1.00x"])
+        r = by_name.get(name, {})
+        shown = bool(r.get("shown", "ratio" in r))
+        base = r.get("baseline", "streaming") if shown else "-"
+        diff = f"{r['diff_ms']:+.0f} ms ({r['ratio']:.2f}x)" if shown and r.get("diff_ms") is not None else "-"
+        rows.append([f"{name}: {v.get('description', '')}", str(v.get("turns_ok", 0)), _fmt(s.get("v2v_ms", {}).get("p50")),
+                     _fmt(s.get("v2v_ms", {}).get("p95")), _fmt(s.get("ttfa_ms", {}).get("p50")),
+                     _fmt(s.get("asr_final_ms", {}).get("p50")), _fmt(s.get("first_token_ms", {}).get("p50")),
+                     base, _fmt(r.get("baseline_v2v_p50_ms")) if shown else "-", diff])
     return _table(header, rows, markdown)
 
 
@@ -262,7 +272,8 @@ def text_report(result: dict[str, Any]) -> str:
             out += ["Where the time goes (server-side, per answered turn: each stage's first output after the last word, "
                     "waiting vs computing):", st, ""]
     if result.get("ablation"):
-        out += ["Ablations (one server per variant, 1 session, same questions; streaming rerun right after each variant):",
+        out += ["Ablations (one server per variant, 1 session, same questions; streaming rerun right after each variant; "
+                "compared on V2V):",
                 ablation_table(result), ""]
         out += ratio_lines(result) + [""]
     if result.get("checks"):
@@ -275,12 +286,15 @@ def text_report(result: dict[str, Any]) -> str:
 def markdown_report(result: dict[str, Any], png_rel: str = "latency_bench/results/latest.png") -> str:
     m = result["machine"]
     cmd = result["config"].get("command", "python -m latency_bench")
-    out = ["The report: `python -m latency_bench --update-readme` (starts one server per pipeline variant itself; "
+    out = ["The report: `python -m latency_bench report --update-docs` (starts one server per pipeline variant itself; "
            "< 15 min on 2 cores; `--quick` for a < 5-minute run, `--url ws://HOST:PORT` to load a running server, "
-           "`--preset gpu` on a GPU machine) writes `latency_bench/results/latest.{json,png,md}` and this section. "
-           "Per-stage timings in-process: `python -m latency_bench.stages`. Every session streams Piper-spoken questions "
+           "`--preset gpu` on a GPU machine) writes `latency_bench/results/latest.{json,png,md}` and this page. "
+           "Per-stage timings in-process: `python -m latency_bench stages`. Every session streams Piper-spoken questions "
            "in real time (24 kHz PCM16, 20 ms chunks, `server_vad` with 500 ms silence) and times events as the client "
-           "receives them: TTFA = `speech_stopped` -> first audio delta, V2V = last speech sample sent -> first audio delta.",
+           "receives them: V2V = last speech sample sent -> first audio delta (what the user waits for), TTFA = "
+           "`speech_stopped` -> first audio delta. The preset starts the answer in the end-of-turn silence and holds it "
+           "until the turn ends, so its TTFA is near 0 ms and V2V is the figure to compare; the ablations are compared "
+           "on V2V.",
            "",
            f"Latest run: `{cmd}` ({result['started_at']}, preset `{result['config']['preset']}`, thinker "
            f"{thinker_of(result)}), {machine_line(m)}.", ""]
@@ -291,7 +305,7 @@ def markdown_report(result: dict[str, Any], png_rel: str = "latency_bench/result
         out += [sweep_table(result, markdown=True), ""]
         if st := stage_time_table(result, markdown=True):
             out += ["Where the time goes (server-side `omni_rt_stage_time_seconds`, per answered turn: each stage's first "
-                    "output after the last word, waiting vs computing; see README 'Where the time goes'):", "", st, ""]
+                    "output after the last word, waiting vs computing):", "", st, ""]
     if result.get("ablation"):
         out += [ablation_table(result, markdown=True), ""]
         out += [f"- {line}" for line in ratio_lines(result)] + [""]
@@ -303,7 +317,7 @@ def markdown_report(result: dict[str, Any], png_rel: str = "latency_bench/result
         try:
             st = json.loads(stages_path.read_text())
             est = st.get("estimate", {})
-            out += [f"Per-stage latency in-process (`python -m latency_bench.stages`, {st['started_at']}, "
+            out += [f"Per-stage latency in-process (`python -m latency_bench stages`, {st['started_at']}, "
                     f"{machine_line(st['machine'])}), a {st['utterance_s']} s question:", "",
                     stages_table(st["stages"], markdown=True), "",
                     f"End-of-turn critical path (p50 sums): {est.get('critical_path_speculative_ms', 0):.0f} ms with the "
@@ -353,11 +367,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     if ab:
         ax2 = axes[0][1]
         names = list(ab)
-        p50 = [ab[n]["summary"].get("ttfa_ms", {}).get("p50") or 0 for n in names]
-        p95 = [ab[n]["summary"].get("ttfa_ms", {}).get("p95") or 0 for n in names]
+        p50 = [ab[n]["summary"].get("v2v_ms", {}).get("p50") or 0 for n in names]
+        p95 = [ab[n]["summary"].get("v2v_ms", {}).get("p95") or 0 for n in names]
         xs = range(len(names))
-        bars = ax2.bar([x - 0.2 for x in xs], p50, 0.4, label="TTFA p50", color="tab:blue")
-        ax2.bar([x + 0.2 for x in xs], p95, 0.4, label="TTFA p95", color="tab:cyan")
+        bars = ax2.bar([x - 0.2 for x in xs], p50, 0.4, label="V2V p50", color="tab:red")
+        ax2.bar([x + 0.2 for x in xs], p95, 0.4, label="V2V p95", color="tab:orange")
         ax2.bar_label(bars, labels=[f"{v:.0f}" for v in p50], fontsize=7)
         ax2.set_xticks(list(xs))
         ax2.set_xticklabels(names, rotation=20, fontsize=8)
@@ -373,16 +387,45 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def update_readme(section_body: str, readme: Path = ROOT / "README.md") -> None:
-    """Replace the body of the README's '## Benchmarks' section up to its first subsection ('### ', kept: other
-    benches write those), the next '## ' heading, or the end."""
-    text = readme.read_text()
-    m = re.search(r"^## Benchmarks[ \t]*\n", text, flags=re.M)
-    if m is None:
-        text = text.rstrip("\n") + "\n\n## Benchmarks\n\n" + section_body.rstrip("\n") + "\n"
-    else:
-        nxt = re.search(r"^###? ", text[m.end():], flags=re.M)
-        end = m.end() + nxt.start() if nxt else len(text)
-        tail = text[end:]
-        text = text[: m.end()] + "\n" + section_body.rstrip("\n") + "\n" + ("\n" + tail if tail else "")
-    readme.write_text(text)
+def index_page(md: str) -> str:
+    """``docs/benchmarks/index.md``: a line linking the topic pages, then the latest generated report."""
+    links = " · ".join(f"[{name}]({page})" for name, page in TOPIC_PAGES)
+    return (f"# Benchmarks\n\nBy topic, with their history: {links}.\n\n"
+            "Generated by `python -m latency_bench report --update-docs` (from the saved result without a run: "
+            "`python -m latency_bench report --from-json latency_bench/results/latest.json --update-docs`); "
+            "do not edit by hand.\n\n"
+            + md.rstrip("\n") + "\n")
+
+
+def update_docs(md: str, page: Path = DOCS_INDEX) -> None:
+    """Write the latest generated report as ``docs/benchmarks/index.md`` (the whole page is generated)."""
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(index_page(md))
+
+
+def write_markdown(result: dict[str, Any], out_json: Path, out_png: Path, docs: bool = False) -> str:
+    """Write ``out_json``'s .md beside it (and ``docs/benchmarks/index.md`` when ``docs``); return the markdown."""
+    md = markdown_report(result, png_rel=os.path.relpath(out_png, ROOT) if out_png.is_relative_to(ROOT) else str(out_png))
+    out_json.with_suffix(".md").write_text(md)
+    if docs:
+        update_docs(_docs_md(result, out_png))
+    return md
+
+
+def _docs_md(result: dict[str, Any], out_png: Path) -> str:
+    """The report as the docs page shows it: image links relative to docs/benchmarks/."""
+    rel = os.path.relpath(out_png.resolve(), DOCS_INDEX.parent)
+    return markdown_report(result, png_rel=rel)
+
+
+def rereport(path: Path, png: Path, docs: bool = False) -> dict[str, Any]:
+    """``report --from-json``: recompute the ratios and checks of a saved result with today's rules, rewrite it and
+    its .md (and the docs page when ``docs``); the run's own notes are kept as they were."""
+    from latency_bench.ablations import checks, ratios
+
+    result = json.loads(path.read_text())
+    result["ratios"] = ratios(result)
+    result["checks"] = checks(result, result["config"]["preset"], result["ratios"])
+    write_json(result, path)
+    write_markdown(result, path, png, docs=docs)
+    return result

@@ -1,10 +1,10 @@
 """Soak benchmark: heavy + bystander + dropper sessions against a real server, on each thinker engine in one
 command, then one long session — does the server stay fair, answer every turn, and give its memory back?
 
-    python -m latency_bench.soak --quick          # both engines: 4 sessions x 3 turns, a 12-turn long session
-    python -m latency_bench.soak                  # both engines: 8 sessions x 6 turns, a 100-turn long session
-    python -m latency_bench.soak --engines llama.cpp            # one engine only (llama.cpp, torch)
-    python -m latency_bench.soak --url ws://127.0.0.1:8000 --pid 1234   # a running server
+    python -m latency_bench soak --quick          # both engines: 4 sessions x 3 turns, a 12-turn long session
+    python -m latency_bench soak                  # both engines: 8 sessions x 6 turns, a 100-turn long session
+    python -m latency_bench soak --engines llama.cpp            # one engine only (llama.cpp, torch)
+    python -m latency_bench soak --url ws://127.0.0.1:8000 --pid 1234   # a running server
 
 Per engine (``llama.cpp`` = the CPU preset, ``torch`` = ``latency_bench/presets/torch.yaml``) a fresh server runs:
 1. a ``short`` solo baseline on the idle server (after an unrecorded warm-up: one turn of each class at once);
@@ -36,7 +36,6 @@ import datetime as _dt
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from latency_bench.procstat import rss_mb, tree
-from latency_bench.realtime_bench import PRESETS_DIR, Server
+from latency_bench.server_proc import PRESETS_DIR, Server
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SHORT = ["What is the capital of France?", "How many legs does a spider have?", "Who wrote Romeo and Juliet?",
@@ -362,9 +361,7 @@ async def run(args: Any) -> dict[str, Any]:
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m latency_bench.soak", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="4 sessions x 3 turns and a 12-turn long session per engine")
     p.add_argument("--engines", default="llama.cpp,torch", type=lambda v: [e for e in v.split(",") if e],
                    help=f"comma-separated, of {', '.join(ENGINES)} (default both), or LABEL=PRESET_PATH (a variant)")
@@ -378,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="stop starting turns after this long (default 120 quick, 480)")
     p.add_argument("--log-dir", default=None)
     p.add_argument("--out", default=None, help="JSON path (default latency_bench/results/soak[-quick].json)")
-    args = p.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
     for e in args.engines:
         if "=" in e:
             label, path = e.split("=", 1)
@@ -386,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     args.engines = [e.split("=", 1)[0] for e in args.engines]
     unknown = [e for e in args.engines if e not in ENGINES]
     if unknown:
-        p.error(f"unknown engine(s) {unknown}; choose from {list(ENGINES)}")
+        raise SystemExit(f"python -m latency_bench soak: error: unknown engine(s) {unknown}; choose from {list(ENGINES)}")
     if args.max_s is None:
         args.max_s = 120.0 if args.quick else 480.0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -398,7 +397,3 @@ def main(argv: list[str] | None = None) -> int:
         print(verdict(r))
     print(f"JSON: {out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

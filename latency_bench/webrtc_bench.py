@@ -1,11 +1,11 @@
 """WebRTC vs WebSocket in one run: V2V and TTFA per transport at 1 and 4 concurrent sessions, on one server.
 
-    python -m latency_bench.webrtc_bench                  # CPU preset, levels 1,4, 2 rounds x 3 turns per session
-    python -m latency_bench.webrtc_bench --url http://127.0.0.1:8000 --sessions 1
+    python -m latency_bench webrtc                  # CPU preset, levels 1,4, 2 rounds x 3 turns per session
+    python -m latency_bench webrtc --url http://127.0.0.1:8000 --sessions 1
 
 Both transports speak the same Piper questions in real time with server_vad (500 ms) and input transcription.
-WebSocket sessions are ``realtime_bench.BenchSession`` (20 ms appends); WebRTC sessions are the aiortc client of
-``latency_bench/webrtc_client.py`` (a 20 ms Opus microphone track). The two alternate per round (A B B A ...) so
+WebSocket sessions are ``latency_bench.session_driver.BenchSession`` (20 ms appends); WebRTC sessions are the aiortc client of
+``omni_rt/testing/webrtc_client.py`` (a 20 ms Opus microphone track). The two alternate per round (A B B A ...) so
 slow drifts of a shared machine fall on both.
 
 * V2V  — the client sending the frame that holds the question's last speech sample -> the answer's first sound,
@@ -15,7 +15,7 @@ slow drifts of a shared machine fall on both.
          started at the first ``response.output_audio.delta`` with no prebuffer (a real player adds its own; the demo
          page 80 ms). (Before 2026-12-02 the WebSocket side counted the end of the first loud 20 ms frame and WebRTC
          its start, 20 ms in WebRTC's favour; and a 20 ms grid turned Opus's 6.5 ms delay into ~20 ms.)
-         Also shown: WebSocket V2V to the first delta (``realtime_bench``'s definition) and WebRTC V2V to
+         Also shown: WebSocket V2V to the first delta (``latency_bench report``'s definition) and WebRTC V2V to
          ``output_audio_buffer.started`` on the data channel (the server handing out the first frame).
 * TTFA — ``input_audio_buffer.speech_stopped`` arriving -> the same first sound.
 * Opus CPU — encode (the answer) + decode (the microphone) of one stream, measured in-process with aiortc's codecs:
@@ -38,16 +38,18 @@ from typing import Any
 
 import numpy as np
 
-from latency_bench import realtime_bench as rb
+from latency_bench.corpus import QUESTIONS, SERVER_VAD, SR, Utterance, synthesize_corpus
 from latency_bench.report import RESULTS_DIR
-from latency_bench.webrtc_client import first_loud
+from latency_bench.server_proc import Server
+from latency_bench.session_driver import BenchSession, turn_record
+from latency_bench.sweep import Plan, log_line, run_scripts, warmup
+from omni_rt.testing.webrtc_client import first_loud
 
-QUESTIONS = rb.QUESTIONS
 GAP_S = 0.8
-ONSET_24K = rb.SR // 200  # 5 ms windows, as latency_bench/webrtc_client.py finds the first sound
+ONSET_24K = SR // 200  # 5 ms windows, as omni_rt/testing/webrtc_client.py finds the first sound
 
 
-class SoundSession(rb.BenchSession):
+class SoundSession(BenchSession):
     """A WebSocket bench session that also finds the answer's first *sound*, as the WebRTC client does: the
     first 5 ms above ``SOUND_RMS`` starting to play, played from the first delta's arrival (no prebuffer)."""
 
@@ -65,27 +67,27 @@ class SoundSession(rb.BenchSession):
         x = np.frombuffer(base64.b64decode(ev["delta"]), "<i2").astype(np.float32) / 32768.0
         i = first_loud(x, ONSET_24K)
         if i is not None:  # when that 5 ms starts to play, as the WebRTC client times it
-            st[2] = max(t, st[0] + (st[1] + i) / rb.SR)
+            st[2] = max(t, st[0] + (st[1] + i) / SR)
             return
         st[1] += len(x)
 
 
-async def ws_level(url: str, n: int, corpus: dict[str, rb.Utterance], turns: int, offset: int, timeout: float) -> list[dict[str, Any]]:
+async def ws_level(url: str, n: int, corpus: dict[str, Utterance], turns: int, offset: int, timeout: float) -> list[dict[str, Any]]:
     sessions = [SoundSession(url, i, 20, True) for i in range(n)]
     await asyncio.gather(*(s.open() for s in sessions))
     stagger = min(1.0, 4.0 / n) if n > 1 else 0.0
 
-    async def script(s: rb.BenchSession) -> None:
+    async def script(s: BenchSession) -> None:
         await asyncio.sleep(0.5 + s.idx * stagger)
         for k in range(turns):
             await s.ask(corpus[QUESTIONS[(offset + s.idx + k) % len(QUESTIONS)]], timeout)
             await asyncio.sleep(GAP_S)
 
-    await rb._run_scripts(sessions, script)
+    await run_scripts(sessions, script)
     out = []
     for s in sessions:
         for turn in s.turns:
-            r = rb.turn_record(turn)
+            r = turn_record(turn)
             sound = s.sound.get(r.get("response_id") or "", [None, 0, None])[2]
             ms = lambda a, b: round((a - b) * 1000, 1) if a is not None and b is not None else None  # noqa: E731
             out.append({"transport": "websocket", "ok": r["ok"] and sound is not None, "v2v_ms": ms(sound, turn.t_speech_end_sent),
@@ -98,12 +100,12 @@ async def ws_level(url: str, n: int, corpus: dict[str, rb.Utterance], turns: int
 PLAYBACK_ENDS = ("output_audio_buffer.stopped", "output_audio_buffer.cleared")
 
 
-async def rtc_level(http_url: str, n: int, corpus: dict[str, rb.Utterance], turns: int, offset: int, timeout: float) -> list[dict[str, Any]]:
-    from latency_bench.webrtc_client import RealtimeCall
+async def rtc_level(http_url: str, n: int, corpus: dict[str, Utterance], turns: int, offset: int, timeout: float) -> list[dict[str, Any]]:
+    from omni_rt.testing.webrtc_client import RealtimeCall
 
     calls = [RealtimeCall(http_url, decode_on_arrival=True) for _ in range(n)]
     session = {"type": "realtime", "output_modalities": ["audio"],
-               "audio": {"input": {"turn_detection": rb.SERVER_VAD, "transcription": {"model": "whisper-1"}}}}
+               "audio": {"input": {"turn_detection": SERVER_VAD, "transcription": {"model": "whisper-1"}}}}
     await asyncio.gather(*(c.connect(session=session, body="json") for c in calls))
     stagger = min(1.0, 4.0 / n) if n > 1 else 0.0
     records: list[dict[str, Any]] = []
@@ -114,7 +116,7 @@ async def rtc_level(http_url: str, n: int, corpus: dict[str, rb.Utterance], turn
             utt = corpus[QUESTIONS[(offset + i + k) % len(QUESTIONS)]]
             audio = np.frombuffer(utt.pcm, "<i2").astype(np.float32) / 32768.0
             mark = len(c.events)
-            c.mic.say(audio, rb.SR, speech_end=utt.speech_end)
+            c.mic.say(audio, SR, speech_end=utt.speech_end)
             rec: dict[str, Any] = {"transport": "webrtc", "ok": False, "question": utt.text}
             try:
                 done = await c.next_event("response.done", timeout)
@@ -221,30 +223,30 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    rb._log("synthesizing questions with Piper")
-    corpus = rb.synthesize_corpus(QUESTIONS)
+    log_line("synthesizing questions with Piper")
+    corpus = synthesize_corpus(QUESTIONS)
     server, pid = None, None
     if args.url:
         http_url = args.url.rstrip("/")
     else:
-        server = rb.Server(args.preset, "webrtc", Path(args.log_dir or tempfile.mkdtemp()),  # calls on the loopback
-                           extra=["--webrtc-host", "127.0.0.1"]).start()
+        server = Server(args.preset, "webrtc", Path(args.log_dir or tempfile.mkdtemp()),  # calls on the loopback
+                        extra=["--webrtc-host", "127.0.0.1"]).start()
         http_url = server.http_url
         pid = server.proc.pid
-        rb._log(f"server up in {server.startup_s} s")
+        log_line(f"server up in {server.startup_s} s")
     ws_url = "ws" + http_url[4:]
     result: dict[str, Any] = {"preset": args.preset, "load_1m_start": round(os.getloadavg()[0], 2), "levels": {}}
     try:
-        plan = rb.Plan(levels=args.sessions, turns=args.turns, barge="none", ablation_turns=0, variants=[], chunk_ms=20,
+        plan = Plan(levels=args.sessions, turns=args.turns, barge="none", ablation_turns=0, variants=[], chunk_ms=20,
                        gap_s=GAP_S, turn_timeout=args.turn_timeout, barge_delay_s=0.3, warmup=True, transcription=True)
-        await rb.warmup(ws_url, corpus, plan)
+        await warmup(ws_url, corpus, plan)
         for n in args.sessions:
             recs: dict[str, list[dict[str, Any]]] = {"websocket": [], "webrtc": []}
             cpu = {"websocket": [0.0, 0.0], "webrtc": [0.0, 0.0]}  # server CPU s, session-seconds
             for r in range(args.rounds):
                 order = ("websocket", "webrtc") if (r + n) % 2 == 0 else ("webrtc", "websocket")
                 for tr in order:
-                    rb._log(f"{n} session(s), round {r + 1}: {tr}")
+                    log_line(f"{n} session(s), round {r + 1}: {tr}")
                     c0, w0 = process_cpu_s(pid), time.perf_counter()
                     if tr == "websocket":
                         recs[tr] += await ws_level(ws_url, n, corpus, args.turns, r * args.turns, args.turn_timeout)
@@ -270,9 +272,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m latency_bench.webrtc_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="cpu")
     p.add_argument("--url", default=None, help="http://HOST:PORT of a running server")
     p.add_argument("--sessions", default="1,4")
@@ -281,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turn-timeout", type=float, default=90.0)
     p.add_argument("--log-dir", default=None)
     p.add_argument("--out", default=str(RESULTS_DIR / "webrtc.json"))
-    args = p.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
     args.sessions = [int(x) for x in args.sessions.split(",")]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     result = asyncio.run(run(args))
@@ -289,7 +291,3 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(result))
     print(f"\nload average {result['load_1m_start']} -> {result['load_1m_end']}; results in {args.out}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,7 +18,7 @@ from omni_rt.engine.streamed.openai_compat_server import ServerThread, create_ap
 from omni_rt.engine.prompt.request import AnswerPolicyParams as P
 from omni_rt.engine.prompt.request import parse_request
 from tiny_models import build_tiny_model
-from latency_bench.stage_driver import collect, send, wait_until
+from omni_rt.testing.stage_driver import collect, send, wait_until
 
 LONG = ("The capital of France is Paris. It is a big city on the Seine. It has the Eiffel Tower, which is tall. "
         "Many people visit it every year.")

@@ -1,4 +1,4 @@
-"""``--thinker MODEL`` on the benchmarks: ``python -m latency_bench`` and ``python -m latency_bench.quality``
+"""``--thinker MODEL`` on the benchmarks: ``python -m latency_bench report`` and ``python -m latency_bench quality``
 hand it to every ``omni-rt serve`` they start, and their reports name the thinker measured. No benchmark runs
 here: the arguments are parsed by the benches' own parsers, the servers are the benches' own ``Server``s, and
 one is started for real with a GGUF (written by the ``gguf`` package) that the server must refuse at start-up,
@@ -15,9 +15,13 @@ from conftest import ROOT
 from test_thinker_choice import _metadata_gguf
 
 from latency_bench import __main__ as bench_cli
-from latency_bench import quality, realtime_bench, report
+from latency_bench import quality, report, server_proc
 
 CHAT = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def _args(command: str, argv: list[str]):
+    return bench_cli.parse_args([command, *argv])[1]
 
 
 def _thinker_of(cmd: list[str]) -> str | None:
@@ -26,21 +30,21 @@ def _thinker_of(cmd: list[str]) -> str | None:
 
 def test_quality_bench_servers_get_the_thinker(tmp_path):
     model = _metadata_gguf(tmp_path / "bigger.gguf", CHAT)
-    args = quality.build_parser().parse_args(["--thinker", str(model)])
+    args = _args("quality", ["--thinker", str(model)])
     servers = quality.plan_servers(args, tmp_path)
     assert [name for name, *_ in servers] == ["preset", "greedy"]
     assert all(_thinker_of(srv.command()) == str(model) for *_, srv in servers)
-    only = quality.plan_servers(quality.build_parser().parse_args(["--thinker", str(model), "--no-greedy"]), tmp_path)
+    only = quality.plan_servers(_args("quality", ["--thinker", str(model), "--no-greedy"]), tmp_path)
     assert [name for name, *_ in only] == ["preset"]
-    plain = quality.plan_servers(quality.build_parser().parse_args([]), tmp_path)
+    plain = quality.plan_servers(_args("quality", []), tmp_path)
     assert all(_thinker_of(srv.command()) is None for *_, srv in plain)
 
 
 def test_the_started_server_gets_the_thinker(tmp_path):
     """A GGUF with no chat template: the started ``omni-rt serve`` refuses it with its one-line error."""
     model = _metadata_gguf(tmp_path / "base.gguf", None)
-    args = bench_cli.build_parser().parse_args(["--thinker", str(model)])
-    server = realtime_bench.bench_server(args, "cpu", "streaming", tmp_path)
+    args = _args("report", ["--thinker", str(model)])
+    server = server_proc.bench_server(args, "cpu", "streaming", tmp_path)
     with pytest.raises(RuntimeError) as err:
         server.start(timeout=120)
     assert "exited with 2" in str(err.value)
@@ -49,10 +53,10 @@ def test_the_started_server_gets_the_thinker(tmp_path):
 
 def test_reports_name_the_thinker(tmp_path):
     model = _metadata_gguf(tmp_path / "bigger.gguf", CHAT)
-    args = bench_cli.build_parser().parse_args(["--thinker", str(model)])
-    line = realtime_bench.measured_thinker(args)
+    args = _args("report", ["--thinker", str(model)])
+    line = server_proc.measured_thinker(args)
     assert line == f"bigger.gguf (llama.cpp; --thinker {model})"
-    assert realtime_bench.measured_thinker(bench_cli.build_parser().parse_args([])) == "smollm2 (llama.cpp; preset cpu)"
+    assert server_proc.measured_thinker(_args("report", [])) == "smollm2 (llama.cpp; preset cpu)"
     machine = {"cpu_model": "x", "cpus_usable": 2, "cpu_count": 2, "gpu": "none", "python": "3"}
     result = {"config": {"preset": "cpu", "mode": "quick", "thinker": line}, "started_at": "now", "machine": machine}
     assert f"thinker: {line}" in report.text_report(result).splitlines()
@@ -61,8 +65,8 @@ def test_reports_name_the_thinker(tmp_path):
 
 def test_a_wrong_thinker_stops_the_benches_with_one_line(tmp_path):
     missing = tmp_path / "missing.gguf"
-    for module in ("latency_bench", "latency_bench.quality"):
-        proc = subprocess.run([sys.executable, "-m", module, "--thinker", str(missing)], cwd=ROOT,
+    for command, shown in (([], "report"), (["report"], "report"), (["quality"], "quality")):
+        proc = subprocess.run([sys.executable, "-m", "latency_bench", *command, "--thinker", str(missing)], cwd=ROOT,
                               capture_output=True, text=True, timeout=180)
         assert proc.returncode == 2, proc
-        assert proc.stderr.strip().splitlines() == [f"python -m {module}: error: --thinker {missing}: no such file"]
+        assert proc.stderr.strip().splitlines() == [f"python -m latency_bench {shown}: error: --thinker {missing}: no such file"]

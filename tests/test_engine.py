@@ -15,7 +15,7 @@ from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.builtin.kv_cache import KVBlob
 from omni_rt.engine.builtin.prefix_cache import PrefixStore
 from tiny_models import build_tiny_model
-from latency_bench.stage_driver import collect, send, wait_until
+from omni_rt.testing.stage_driver import collect, send, wait_until
 from omni_rt.contracts.payloads import TokenDelta
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], list(range(100, 112)), [50] * 20]

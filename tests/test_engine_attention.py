@@ -145,7 +145,7 @@ def test_scheduler_batches_concurrent_prefills(qwen2):
     what each answers alone (``model.generate``); a later short one joining running answers is prefilled
     whole in one forward of its own (at most a chunk), not in while-decoding shares."""
     from omni_rt.engine.factory import create_ar_scheduler
-    from latency_bench.stage_driver import collect, send
+    from omni_rt.testing.stage_driver import collect, send
 
     prompts = [list(range(10, 15)), list(range(30, 42)), list(range(60, 80)), list(range(90, 99))]
     model = weights.load_model(qwen2)

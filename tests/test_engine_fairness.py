@@ -16,7 +16,7 @@ import pytest
 
 from omni_rt.engine.weights import loader as weights
 from omni_rt.engine.factory import create_ar_scheduler
-from latency_bench.stage_driver import collect, send, wait_until
+from omni_rt.testing.stage_driver import collect, send, wait_until
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."}
 QUESTION = {"role": "user", "content": "What is the capital of France?"}

@@ -18,7 +18,7 @@ import pytest
 from omni_rt.engine.llama_cpp import build as llama_cpp
 from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.prompt.request import parse_request
-from latency_bench.stage_driver import collect, send, wait_until
+from omni_rt.testing.stage_driver import collect, send, wait_until
 
 SYSTEM = {"role": "system", "content": "You are a helpful voice assistant. Answer in one short sentence."}
 

@@ -13,7 +13,7 @@ from omni_rt.engine.weights import loader as weights
 from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.streamed.openai_compat_server import ServerThread, create_app
 from tiny_models import build_tiny_model
-from latency_bench.stage_driver import collect, send, wait_until
+from omni_rt.testing.stage_driver import collect, send, wait_until
 
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}]
 

@@ -20,7 +20,7 @@ from omni_rt.engine.tools.grammar import GrammarFactory, answer_grammar, call_gr
 from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.streamed.openai_compat_server import ServerThread, create_app
 from tiny_models import build_tiny_model
-from latency_bench.stage_driver import collect, send, wait_until
+from omni_rt.testing.stage_driver import collect, send, wait_until
 from omni_rt.engine.tools.parser import ToolCallParser
 from omni_rt.engine.tools.prompt import detect_format, render_prompt
 from omni_rt.engine.tools.schema import answered_tools, callable_tools, parse_tool_choice, validate_tools

@@ -29,6 +29,7 @@ LAYERS = [
     "prepare",  # weight preparation (CLI command)
     "inventory",  # what is cached and what each preset uses (CLI command)
     "cli",
+    "testing",  # helpers shared by the tests and latency_bench (nothing in omni_rt imports them)
 ]
 
 

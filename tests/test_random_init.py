@@ -11,7 +11,7 @@ import torch
 
 from omni_rt.engine.weights.random_init import (CODEC_LM_CODES_END, CONFIGS, ORPHEUS_CODE_OFFSET, apply_random_weights,
                                         build_causal_lm, build_whisper, model_config)
-from latency_bench.stage_driver import collect, send
+from omni_rt.testing.stage_driver import collect, send
 from omni_rt.presets import load_preset
 
 THINKER, CODEC_LM, WHISPER = "Qwen/Qwen2.5-7B-Instruct", "canopylabs/orpheus-3b-0.1-ft", "openai/whisper-large-v3-turbo"

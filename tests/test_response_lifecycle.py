@@ -366,7 +366,7 @@ def llama_sched():
 
 
 def _ask(s, rid: str, messages: list[dict], **kw) -> dict:
-    from latency_bench.stage_driver import collect, send
+    from omni_rt.testing.stage_driver import collect, send
 
     send(s, rid, {"messages": messages, "session_id": rid, **kw})
     return collect(s, [rid], timeout=120)[rid]

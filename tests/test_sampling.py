@@ -14,7 +14,7 @@ from omni_rt.engine.prompt.language import steer_messages, vocab_mask
 from omni_rt.engine.prompt.request import SamplingParams, parse_request
 from omni_rt.engine.builtin.sampling import SlotSampler, no_repeat_ngram_ban
 from tiny_models import build_tiny_model
-from latency_bench.stage_driver import collect, send
+from omni_rt.testing.stage_driver import collect, send
 
 V = 64
 

@@ -154,8 +154,8 @@ def test_lone_stream_decodes_at_once_and_abort_drops_it(small_snac) -> None:
 
 
 def test_vocoder_bench_runs_tiny(capsys) -> None:
-    """latency_bench.vocoder's before/after table, at a tiny width so it stays a smoke run."""
-    from latency_bench.vocoder import main
+    """``latency_bench stages vocoder``'s before/after table, at a tiny width so it stays a smoke run."""
+    from latency_bench.vocoder_bench import main
 
     main(["--streams", "1", "3", "--frames", "4", "--decoder-dim", "16", "--repeats", "1"])
     lines = capsys.readouterr().out.strip().splitlines()

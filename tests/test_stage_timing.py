@@ -15,7 +15,7 @@ from rt_helpers import pcm_chunks_b64, speech_with_silence
 from test_server_protocol import connect
 
 from latency_bench import report
-from latency_bench.realtime_bench import histogram_delta, scrape, stage_samples, stage_times
+from latency_bench.metrics_scrape import histogram_delta, scrape, stage_samples, stage_times
 
 PATH_STAGES = ("asr_final", "thinker", "talker", "vocoder")  # server_vad: no Smart Turn
 

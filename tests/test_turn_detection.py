@@ -347,7 +347,7 @@ def test_semantic_vad_keeps_hesitations_open_on_the_stage(asr_stage, turn_scores
     """Through the real stage at real time: hesitant utterances of the set whose transcript at the pause ends
     open ("... for", "... the") stay one turn, and a complete one that Smart Turn scores low ends well before
     the 4 s max because its words can end there (the words reach the verdict through the stage)."""
-    from latency_bench.turn_set import spoken_set
+    from omni_rt.testing.turn_set import spoken_set
 
     by_key = {f"{sp.variant}/{sp.item.text}": sp for sp in spoken_set()}
     open_pauses = [s for s in turn_scores if s.hesitation and s.words == "open" and s.key.startswith("plain/")]
@@ -374,7 +374,7 @@ def test_semantic_vad_keeps_hesitations_open_on_the_stage(asr_stage, turn_scores
 def test_semantic_vad_second_look_on_the_stage(asr_stage, turn_scores) -> None:
     """Through the real stage at real time: a complete utterance Smart Turn is unsure of at 120 ms but sure of at
     300 ms gets its second look (a second turn.scored, look 2) and that verdict ends the turn."""
-    from latency_bench.turn_set import spoken_set
+    from omni_rt.testing.turn_set import spoken_set
 
     auto = tdm.EAGERNESS_SETTINGS["auto"]
     by_key = {f"{sp.variant}/{sp.item.text}": sp for sp in spoken_set()}
@@ -400,9 +400,9 @@ def test_semantic_vad_second_look_on_the_stage(asr_stage, turn_scores) -> None:
 
 @pytest.fixture(scope="module")
 def turn_scores(turn_model):
-    """Every pause of the labelled set (latency_bench/turn_set.py, 3 voices), scored once as the stage would."""
-    from latency_bench.turn_scores import score_set
-    from latency_bench.turn_set import spoken_set
+    """Every pause of the labelled set (omni_rt/testing/turn_set.py, 3 voices), scored once as the stage would."""
+    from omni_rt.testing.turn_scores import score_set
+    from omni_rt.testing.turn_set import spoken_set
     from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.vad import SileroVadModel
 
@@ -413,7 +413,7 @@ def turn_scores(turn_model):
 
 
 def test_turn_set_is_labelled_and_spoken_deterministically() -> None:
-    from latency_bench.turn_set import ITEMS, VARIANTS, counts, spoken_set
+    from omni_rt.testing.turn_set import ITEMS, VARIANTS, counts, spoken_set
 
     n = counts()
     assert n["complete"] >= 20 and n["hesitant"] >= 20 and len(ITEMS) >= 40, n
@@ -431,7 +431,7 @@ def test_semantic_vad_rates_on_the_turn_set(turn_scores) -> None:
     the rule without it. Measured (2026-12-02, see the contract's docstring): hesitant cut 1/60 (4/60 by the text
     alone, 6/60 by Smart Turn alone); complete cut 1/72 (9/72 alone); complete utterances ended at 200 ms 54/71
     (50/71 by the text alone), 5 more at the second look (300 ms). Margins: a few utterances either way."""
-    from latency_bench.turn_scores import distributions, rates
+    from omni_rt.testing.turn_scores import distributions, rates
 
     both, text, alone = rates(turn_scores, "auto"), rates(turn_scores, "auto", confidence=False), rates(turn_scores, "auto", words=False)
     print(f"\nauto, sound+words: {both}\nauto, sound+text: {text}\nauto, sound alone: {alone}\n{distributions(turn_scores)}")
@@ -456,7 +456,7 @@ def test_semantic_vad_rates_on_the_turn_set(turn_scores) -> None:
 
 def test_eagerness_orders_the_rates(turn_scores) -> None:
     """low waits at least as long as auto, high at most: more hesitations cut with high, fewer with low."""
-    from latency_bench.turn_scores import rates
+    from omni_rt.testing.turn_scores import rates
 
     low, auto, high = (rates(turn_scores, e) for e in ("low", "auto", "high"))
     assert low["false_end_hesitant"][0] <= auto["false_end_hesitant"][0] <= high["false_end_hesitant"][0], (low, auto, high)

@@ -1,4 +1,4 @@
-"""The WebRTC transport end to end: an aiortc client written from OpenAI's WebRTC guide (latency_bench/webrtc_client.py:
+"""The WebRTC transport end to end: an aiortc client written from OpenAI's WebRTC guide (omni_rt/testing/webrtc_client.py:
 data channel ``oai-events``, a microphone track, the offer POSTed to /v1/realtime/calls) against the live CPU
 server. Piper speaks the questions into the mic track; the answers come back on the Opus track.
 
@@ -23,7 +23,7 @@ import pytest
 from rt_helpers import heard, validate_event
 
 pytest.importorskip("aiortc")
-from latency_bench.webrtc_client import RealtimeCall  # noqa: E402
+from omni_rt.testing.webrtc_client import RealtimeCall  # noqa: E402
 from omni_rt.server.settings import ServerSettings  # noqa: E402
 from omni_rt.transports.webrtc_ice import LOOPBACK, GatherError, IceConfig, restrict_gathering  # noqa: E402
 
@@ -417,7 +417,7 @@ def test_hangup_of_an_unknown_call_is_404(live_server):
 
 VANISHING_PEER = """
 import asyncio, sys
-from latency_bench.webrtc_client import RealtimeCall
+from omni_rt.testing.webrtc_client import RealtimeCall
 async def main():
     call = RealtimeCall(sys.argv[1])
     resp = await call.connect()

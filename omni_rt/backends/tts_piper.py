@@ -61,7 +61,7 @@ class PiperTTS:
         """``noise_scale`` / ``noise_w_scale`` (None: the voice's own): VITS samples its waveform and durations
         with unseeded noise, so each call sounds a little different; 0 makes synthesis deterministic (tests).
         ``seed``: seeds that noise instead (onnxruntime seeds its random ops when the session is built, so one
-        voice speaking the same texts in the same order gives the same audio: ``latency_bench/turn_set.py``).
+        voice speaking the same texts in the same order gives the same audio: ``omni_rt/testing/turn_set.py``).
         ``streaming``: run the voice as two graphs (``split_voice``) so ``stream`` can send a clause's start
         before its end is decoded; same memory (the whole graph is not kept), same audio for the same noise."""
         import onnxruntime as ort

@@ -94,7 +94,7 @@ class FasterWhisperASR:
         # sees it): 30 s WER 2.9% (321 ms p50); 15 s 3.2% (117 ms); 10 s 3.5% (69 ms; one more mishearing,
         # "rainbow" -> "rain before"); 8 s 4.4%; 6 s and 5 s fall into repetition loops ("Can you hear me? Can you
         # hear me? ..."), and padding with the log-mel of silence instead of zeros made every window loop more.
-        # semantic_vad's cues were the same at 10 s as at 15 s (latency_bench.turn_scores, auto: hesitant cuts
+        # semantic_vad's cues were the same at 10 s as at 15 s (omni_rt.testing.turn_scores, auto: hesitant cuts
         # 0/60, held out 1/24, room noise 2/60 at both). So the window is speech + 5 s and never under
         # `min_window_s` (10 s): 40% of a decode saved on every turn's critical path; 30 restores the classic behaviour.
         self.min_window_frames = int(min(30.0, max(8.0, min_window_s)) * 100)

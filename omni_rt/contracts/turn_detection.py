@@ -51,8 +51,8 @@ eagerness  sure  complete  audio-    unsure   max   why
 ``auto``   = medium                                 the GA default, "equivalent to medium"
 =========  ====  ========  ========  =======  ====  ===========================================================
 
-Why this shape (measured on the labelled set, ``latency_bench/turn_set.py``: 24 complete and 20 hesitant
-utterances in 3 Piper voices, 229 pauses; ``python -m latency_bench.turn_scores``, 2026-12-02):
+Why this shape (measured on the labelled set, ``omni_rt/testing/turn_set.py``: 24 complete and 20 hesitant
+utterances in 3 Piper voices, 229 pauses; ``python -m latency_bench turns --stage-level``, 2026-12-02):
 
 * Smart Turn alone cannot separate them: complete utterances score 0.01-0.99 at their end (a dozen-word
   request 0.02-0.28, a statement 0.15-0.5), hesitations 0.006-0.98; and the comma pause inside "Hi there, how
@@ -87,7 +87,7 @@ utterances in 3 Piper voices, 229 pauses; ``python -m latency_bench.turn_scores`
   2 of 24 (text alone 3, Smart Turn alone 9), complete cut mid-way 1 of 24 (1), complete utterances ended at
   200 ms 15 of 23 (14); high: 8 of 24 (7: "Where did I?" at a 160 ms comma pause, sure at 150 ms).
 * The thinker's own end-of-turn probability (SmolLM2-135M, P(<|im_end|> | transcript), the cue LiveKit
-  uses with a model trained for it; ``python -m latency_bench.turn_scores --thinker``) was measured and is not
+  uses with a model trained for it; ``python -m latency_bench turns --stage-level --thinker-cue``) was measured and is not
   used: complete endings p5/p50/p95 0.001/0.16/0.87, hesitation pauses 0.000/0.004/0.62; it gives 0.001 to
   "I just got back from a long trip to Spain." and 0.74 to the fragment "Can you tell me that?", and where the
   two cues above leave doubt (a finished-looking transcript, Smart Turn unsure) it overlaps completely.
@@ -315,10 +315,10 @@ class TurnDetection:
     (``omni_rt.backends.vad.ENERGY_END_RATIO``). Off under ``semantic_vad`` for the verdict's silences: every one
     of them was measured from Silero's frames, and counting them from the sound instead made the labelled set's
     inner comma pauses outlast the 200 ms sure silence (auto: complete utterances cut mid-way 4/72 instead of
-    1/72, hesitations 2/60 instead of 1/60; ``latency_bench.turn_scores``, 2026-12-03). Its score point
+    1/72, hesitations 2/60 instead of 1/60; ``omni_rt.testing.turn_scores``, 2026-12-03). Its score point
     (``SCORE_AFTER_MS``: Smart Turn and the speculative decode) does count from the sound's end, ~90 ms sooner,
     so the transcript the held answer starts from comes that much sooner (live semantic V2V p50 908 -> 756 ms,
-    README "Turn taking"). Auto, before -> after (``latency_bench.turn_scores``; ``--score-from-silero`` gives
+    README "Turn taking"). Auto, before -> after (``omni_rt.testing.turn_scores``; ``--score-from-silero`` gives
     before): hesitations cut 1/60 -> 0/60 (held out 2/24 -> 1/24, room noise 3/60 -> 2/60), complete cut mid-way
     1/72 -> 1/72, endings at the sure silence 72/130 + 17 at the second look -> 68/131 + 20.
     """

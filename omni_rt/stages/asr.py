@@ -92,7 +92,7 @@ __all__ = ["AsrWorker", "TurnDetection", "create_asr_stage"]  # TurnDetection li
 SAMPLE_RATE = PIPELINE_INPUT_RATE
 GPU_MAX_BATCH = 8  # not measured on a GPU yet: batch rows are cheap next to Whisper's fixed-window encoder
 # faster-whisper tiny.en int8 on 2 cores shared with other jobs, 4 sessions committing at once (python -m
-# latency_bench.asr_batch; the first commit runs alone, the rest queue): all four finals in 0.634 s with max_batch 2
+# latency_bench stages asr-batch; the first commit runs alone, the rest queue): all four finals in 0.634 s with max_batch 2
 # vs 0.702 s one at a time (best of 7; mean commit->final 0.425 vs 0.433 s); earlier runs 0.92 vs 1.24 s and 0.85
 # vs 0.78 s. max_batch 4: the same 0.634 s but a worse mean (0.517 s): on CPU the encoder's cost grows with the
 # batch, so only the decoder's steps are shared. Two it is: ~10% more throughput, no worse mean latency.
@@ -103,7 +103,7 @@ PARTIAL_IN_PAUSE_MS = 64
 # semantic_vad, a session alone on the server: its speculative decode starts here, before the score point
 # (``SCORE_AFTER_MS``, where Smart Turn scores): the verdict needs Whisper's words (~100-150 ms) and the held
 # answer starts from them, so both come ~55 ms sooner; a decode wasted on a stop inside a sentence delays no one
-# else. Measured live (latency_bench --turn-detection semantic_vad, 2 pairs): V2V median 561 -> 524 ms, first
+# else. Measured live (latency_bench turns --turn-detection semantic_vad, 2 pairs): V2V median 561 -> 524 ms, first
 # token after speech_stopped 57 -> 48, no more cuts. Shared sessions keep the score point (the decodes are shared).
 SEMANTIC_DECODE_ALONE_AFTER_MS = PARTIAL_IN_PAUSE_MS
 
@@ -358,7 +358,7 @@ class AsrWorker(SessionScheduler):
         if silence >= pause_ms:
             # semantic_vad, shared sessions: Whisper starts at the pause the turn model scores, side by side with
             # it: gated on the verdict, the decode added the whole score (110 ms idle, ~500 ms on a loaded machine)
-            # to the transcript's time (measured with latency_bench --turn-detection); the answer stays gated on
+            # to the transcript's time (measured with latency_bench turns --turn-detection); the answer stays gated on
             # the verdict. Alone, the decode comes first (``_words_first``)
             if st.speculative is None and not st.spec_pending:
                 st.spec_pending = True

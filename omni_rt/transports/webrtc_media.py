@@ -40,7 +40,7 @@ class WireEncoder:
     Given a frame, aiortc's sender scans it for the audio-level header (44-112 us) and encodes it on the loop's
     thread pool: a thread hop and two wake-ups per 20 ms. Encoding here, with aiortc's own encoder (the same
     payload bytes), costs a call 1.5-2.5% of a core less on each end, CPU that the pipeline on the same cores
-    otherwise waits for. The server's answer track and the bench's microphone (``latency_bench/webrtc_client.py``)
+    otherwise waits for. The server's answer track and the bench's microphone (``omni_rt/testing/webrtc_client.py``)
     both send this way; the packets carry no audio-level header extension (nothing here reads it).
     """
 

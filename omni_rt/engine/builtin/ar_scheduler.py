@@ -107,7 +107,7 @@ class ARScheduler(ThreadedScheduler):
         ``prefill_tokens_while_decoding`` (default a quarter of it) is the bound while requests are decoding:
         on CPU 16 prefill tokens cost about one decode step, so a long prefill and the running answers share
         the thinker about evenly instead of every answer's next token waiting behind a full chunk (measured
-        with ``latency_bench.soak``: 32 / 8 instead of 64 / 16 gave the bystander nothing more beside the
+        with ``latency_bench soak``: 32 / 8 instead of 64 / 16 gave the bystander nothing more beside the
         hold below and slowed the heavy session's turns). ``history_tokens`` overrides a session's share of
         the KV, ``conversation_tokens`` bounds the conversation kept after the instructions (see
         ``omni_rt.engine.prompt.history``). ``short_priority_tokens``: while a short request is waiting, prefilling

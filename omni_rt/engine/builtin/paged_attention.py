@@ -14,7 +14,7 @@ Two readers of the same page tables:
 * ``FlashInferDecode`` — the kernel, on CUDA with the ``gpu`` extra (``pip install 'omni-rt[gpu]'``);
 * ``GatherDecode`` — gathers each row's pages and runs packed-GQA SDPA over them with a key mask: plain
   torch, any device. It is what FlashInfer is checked against (the CPU tests prove the page tables and
-  the cache plumbing with it; on a GPU, ``latency_bench.gpu`` compares the two), not a fast path.
+  the cache plumbing with it; on a GPU, ``latency_bench gpu`` compares the two), not a fast path.
 
 ``reader_for`` picks the reader an engine's ``attention`` setting asks for (or none, where ``"auto"`` finds no
 working FlashInfer or the model's attention is one a page reader cannot reproduce).

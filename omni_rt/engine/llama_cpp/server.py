@@ -105,7 +105,7 @@ class LlamaServerArgs:
 class LlamaServer:
     """One supervised ``llama-server`` on a private 127.0.0.1 port.
 
-    Fairness (issue #26, measured with ``latency_bench.soak``, heavy + bystander + dropper, 2 shared cores):
+    Fairness (issue #26, measured with ``latency_bench soak``, heavy + bystander + dropper, 2 shared cores):
     ``batch_tokens`` (``-b``/``-ub``, default 16 instead of 2048/512) bounds the tokens of one forward, so a
     heavy session's long prefill is cut into 16-token batches that the others' prompts and decode tokens join
     instead of waiting behind the whole prefill. Bystander first-token / solo: 24.6x with the old flags,

@@ -11,7 +11,7 @@ a clause that cannot end there ("for", "and", "the", "to"), a pause, then the re
 before the ONNX session is built and the set is always spoken in one order), so every run hears the same audio.
 
 ``HELD_OUT``: 16 more items, written after the rule was fitted to ``ITEMS``; only the bench scores them
-(``python -m latency_bench.turn_scores --held-out``), so their rates are reported apart, never tuned on.
+(``python -m latency_bench turns --stage-level --held-out``), so their rates are reported apart, never tuned on.
 
 ``spoken_set()`` synthesizes once per process and caches (tests call it from a session fixture; the bench once).
 """

@@ -1,10 +1,11 @@
-"""Score the labelled end-of-turn set (``latency_bench.turn_set``) at the stage level, without a server.
+"""Score the labelled end-of-turn set (``omni_rt.testing.turn_set``) at the stage level, without a server.
 
 Each spoken item is fed through Silero in 20 ms chunks, as the ASR stage is; at every pause that reaches
 ``SCORE_AFTER_MS`` of silence the turn audio the stage would hold then (prefix padding + speech + the pause so
 far) is scored by Smart Turn and transcribed by Whisper, exactly the two inputs of the stage's verdict. What the
 verdict then does (``omni_rt.contracts.turn_detection``) is pure arithmetic on these records, so tests and the
-bench can assert rates per eagerness without 100 server round trips.
+bench can assert rates per eagerness without 100 server round trips. The printed table: ``python -m latency_bench
+turns --stage-level``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from latency_bench.turn_set import SR, Spoken
 from omni_rt.contracts import turn_detection as tdm
+from omni_rt.testing.turn_set import SR, Spoken
 
 CHUNK = SR // 50
 
@@ -154,11 +155,11 @@ def rates(scores: list[PauseScore], eagerness: str = "auto", words: bool = True,
         "false_end_hesitant": false_end["hesitant"], "false_end_complete": false_end["complete"],
         "endings": len(end_silence), "ended_sure": sure, "ended_second_look": second_all, "cut": cut,
         "endings_complete": n_c, "ended_sure_complete": sure_c, "ended_second_look_complete": second_c,
-        "end_silence_ms": {"p50": _pct(end_silence, 50), "p95": _pct(end_silence, 95), "max": max(end_silence, default=None)},
+        "end_silence_ms": {"p50": pct(end_silence, 50), "p95": pct(end_silence, 95), "max": max(end_silence, default=None)},
     }
 
 
-def _pct(xs: list[float], q: float) -> float | None:
+def pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
@@ -170,7 +171,7 @@ def distributions(scores: list[PauseScore]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, ss in groups.items():
         probs = [s.audio_prob for s in ss]
-        out[name] = {"n": len(ss), "audio_p5": _pct(probs, 5), "audio_p50": _pct(probs, 50), "audio_p95": _pct(probs, 95),
+        out[name] = {"n": len(ss), "audio_p5": pct(probs, 5), "audio_p50": pct(probs, 50), "audio_p95": pct(probs, 95),
                      "words": {c: sum(s.words == c for s in ss) for c in tdm.WORDS_CUES}}
     return out
 
@@ -203,44 +204,3 @@ def load_scorers() -> tuple[Any, Any, Any]:
     from omni_rt.backends.vad import SileroVadModel
 
     return SileroVadModel(), SmartTurnModel(), FasterWhisperASR()
-
-
-def main() -> None:
-    """``python -m latency_bench.turn_scores [--held-out] [--room-noise] [--thinker] [--score-from-silero]``: score the set and print the rates the
-    eagerness table rests on, for four rules: Smart Turn alone, with the words (text only: the rule before
-    Whisper's last-word probability), with the words and that probability, and with the second look too (what
-    the stage runs).
-    ``--held-out``: the items written after the rule was fitted (``turn_set.HELD_OUT``) instead of the set;
-    ``--room-noise``: with light white noise under the audio (``turn_set.with_room_noise``), silences included;
-    ``--thinker``: also the thinker's end-of-turn probability on the same transcripts;
-    ``--score-from-silero``: the score point counted from Silero's frames (the rule before 2026-12-03)."""
-    import json
-    import sys
-
-    from latency_bench.turn_set import spoken_set, with_room_noise
-
-    t0 = time.perf_counter()
-    spoken = spoken_set(held_out="--held-out" in sys.argv)
-    scores = score_set(with_room_noise(spoken) if "--room-noise" in sys.argv else spoken, *load_scorers(),
-                       score_from_sound_end="--score-from-silero" not in sys.argv)
-    print(f"{len(scores)} pauses scored in {time.perf_counter() - t0:.0f} s")
-    print(json.dumps(distributions(scores), indent=1))
-    for eagerness in ("low", "medium", "high"):
-        for name, words, confidence, second in (("audio only   ", False, False, False), ("audio+text   ", True, False, False),
-                                                ("audio+words  ", True, True, False), ("+second look ", True, True, True)):
-            r = rates(scores, eagerness, words, confidence, second)
-            print(f"{eagerness:6} {name}: false end hesitant {r['false_end_hesitant']}, complete {r['false_end_complete']}; "
-                  f"ended sure {r['ended_sure']}/{r['endings']} (complete {r['ended_sure_complete']}/{r['endings_complete']}, "
-                  f"+{r['ended_second_look_complete']} at {tdm.SECOND_LOOK_MS} ms), end silence {r['end_silence_ms']}")
-            if words and eagerness == "medium":
-                print("   cut:", r["cut"])
-    if "--thinker" in sys.argv:  # the third cue, measured: does P(end of turn | transcript) separate them?
-        ends = [s for s in scores if s.final]
-        hes = [s for s in scores if s.hesitation]
-        p_end, p_hes = thinker_end_of_turn([s.text for s in ends]), thinker_end_of_turn([s.text for s in hes])
-        print(f"thinker P(<|im_end|>): complete endings p5/p50/p95 {_pct(p_end, 5):.3f}/{_pct(p_end, 50):.3f}/"
-              f"{_pct(p_end, 95):.3f}; hesitation pauses {_pct(p_hes, 5):.3f}/{_pct(p_hes, 50):.3f}/{_pct(p_hes, 95):.3f}")
-
-
-if __name__ == "__main__":
-    main()

@@ -10,7 +10,9 @@ For a ~3 s spoken question (Piper-generated) and the stage args of ``models/cpu.
 * talker first audio: Piper on that first clause;
 * vocoder: the PCM vocoder on that clause's audio (first 200 ms chunk, and per chunk).
 
-Run: ``python -m latency_bench.stages [--repeats 5] [--out latency_bench/results/stages.json]``.
+Run: ``python -m latency_bench stages [--repeats 5] [--out latency_bench/results/stages.json]``. Its parts alone:
+``stages asr-batch`` (ASR batching), ``stages vocoder`` (SNAC vocoder batching), ``stages overhead`` (the
+pipeline runtime's own cost).
 """
 
 from __future__ import annotations
@@ -194,7 +196,7 @@ def measure_thinker(args: dict[str, Any], transcript: str, repeats: int) -> tupl
             th.sched.prefix_reuse = args.get("prefix_reuse", True)
         # idle-immediate admission vs a batching window that starts with a lone request (same scheduler,
         # interleaved so load drift hits both alike)
-        from latency_bench.realtime_bench import WINDOW_MS
+        from latency_bench.ablations import WINDOW_MS
 
         idle_imm, windowed = [], []
         for r in range(repeats):
@@ -256,13 +258,13 @@ def measure_talker_vocoder(clause: str, voc_args: dict[str, Any], repeats: int, 
 
 
 # ------------------------------------------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m latency_bench.stages", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--preset", default="cpu", help="the preset whose stage args are used (cpu)")
     p.add_argument("--out", default=str(OUT))
-    args = p.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from omni_rt.presets import load_preset
@@ -309,7 +311,3 @@ def main(argv: list[str] | None = None) -> int:
           f"without; turn 2 with prefix reuse {est['critical_path_turn2_prefix_reuse_ms']:.0f} ms")
     print(f"wrote {out} in {result['wall_s']:.0f} s")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Drive a stage from a script: put requests in its inbox, read its outbox until each has its answer.
 
-Used by the engine benchmark (``latency_bench.engine``) and by the stage tests (``tests/``), which run real
+Used by the engine benchmark (``latency_bench engine``) and by the stage tests (``tests/``), which run real
 schedulers this way; it lives here, outside ``omni_rt``, because the server never needs it.
 """
 

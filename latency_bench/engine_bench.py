@@ -5,10 +5,10 @@ Each request is the *second turn* of a session: a first turn (history) warms the
 turn re-sends history + a few new tokens — what a voice conversation does every turn. With prefix reuse the
 measured turn prefills only the new tokens.
 
-    python -m latency_bench.engine                          # SmolLM2-135M (the CPU preset's thinker) on CPU
-    python -m latency_bench.engine --shape qwen2.5-7b --device cuda --dtype bfloat16   # random-init shape, GPU
-    python -m latency_bench.engine --engine both            # + the llama.cpp thinker (Q8_0, F16 and Q4_1 GGUF), same requests
-    python -m latency_bench.engine --engine llama.cpp --llama-threads 1 --llama-repeats 2   # the three, alternating
+    python -m latency_bench engine                          # SmolLM2-135M (the CPU preset's thinker) on CPU
+    python -m latency_bench engine --shape qwen2.5-7b --device cuda --dtype bfloat16   # random-init shape, GPU
+    python -m latency_bench engine --engine both            # + the llama.cpp thinker (Q8_0, F16 and Q4_1 GGUF), same requests
+    python -m latency_bench engine --engine llama.cpp --llama-threads 1 --llama-repeats 2   # the three, alternating
 
 llama.cpp rows run each ``--llama-gguf`` (default: the preset's Q8_0, F16 and the packaged Q4_1) on a managed
 ``llama-server`` (1 and 2 threads; with ``--llama-reuse-off`` also prefix reuse off = ``--no-cache-prompt``); there the decode ms/step is measured client-side as (time to last token - TTFT) /
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from omni_rt.engine.builtin.ar_scheduler import ARScheduler
-from latency_bench.stage_driver import collect, send
+from omni_rt.testing.stage_driver import collect, send
 from omni_rt.engine.builtin.torch_engine import TorchEngine
 from omni_rt.engine.weights.loader import load_model, load_tokenizer, resolve_model, torch_dtype
 
@@ -235,8 +235,7 @@ def llama_rows(vocab: int, args) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="smollm2", help="'smollm2' or a local model directory")
     ap.add_argument("--shape", choices=sorted(SHAPES), help="random-init model shape instead of --model")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -253,7 +252,9 @@ def main() -> None:
                     help="GGUFs for the llama.cpp rows: q8_0 (the CPU preset's), f16, q4_1 (the packaged file) or paths")
     ap.add_argument("--llama-repeats", type=int, default=1, help="measure the GGUFs this many times, alternating")
     ap.add_argument("--llama-reuse-off", action="store_true", help="also measure llama.cpp with prefix reuse off")
-    args = ap.parse_args()
+
+
+def command(args: argparse.Namespace) -> int:
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.llama_threads = [int(t) for t in args.llama_threads.split(",")]
     args.llama_gguf = args.llama_gguf.split(",")
@@ -296,7 +297,4 @@ def main() -> None:
         )
     )
     print(f"wrote {args.json}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,7 +1,7 @@
 """SNAC vocoder throughput: stream-frames decoded per second at several stream counts, one frame per stream per
 talker step (what a batched codec talker sends), through the real `SnacVocoder` with random weights.
 
-    python -m latency_bench.vocoder [--streams 1 8 32] [--frames 6] [--decoder-dim 1024] [--device cpu]
+    python -m latency_bench stages vocoder [--streams 1 8 32] [--frames 6] [--decoder-dim 1024] [--device cpu]
 
 Each row: best of ``--repeats`` alternating runs. "before": ``max_batch_streams=1`` (each stream's window decoded alone with its own host copy, as the
 scheduler did before batching); "after": the default (every stream with a new frame in one decode per step).
@@ -54,23 +54,33 @@ def measure(model: Any, streams: int, frames: int, max_batch_streams: int) -> di
             "forwards": stats["forwards"], "max_batch": stats["max_batch"]}
 
 
-def main(argv: list[str] | None = None) -> None:
-    import torch
-
-    from omni_rt.backends.snac_codec import SNAC_24KHZ_CONFIG, build_random_snac
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--streams", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--frames", type=int, default=6, help="frames per stream (>= 4; the first 3 warm the window)")
-    p.add_argument("--decoder-dim", type=int, default=SNAC_24KHZ_CONFIG["decoder_dim"])
+    p.add_argument("--decoder-dim", type=int, default=None, help="default: the real SNAC 24 kHz decoder width")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="default: float16 on CUDA, float32 on CPU")
     p.add_argument("--repeats", type=int, default=3, help="before/after alternate this many times; best run kept "
                    "(a shared machine's other load only ever slows a run down)")
     p.add_argument("--json", default=None, help="write the rows here")
-    args = p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``stages vocoder`` command with its own argv (the test suite runs it at a tiny width)."""
+    p = argparse.ArgumentParser(prog="python -m latency_bench stages vocoder", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    return command(p.parse_args(argv))
+
+
+def command(args: argparse.Namespace) -> int:
+    import torch
+
+    from omni_rt.backends.snac_codec import SNAC_24KHZ_CONFIG, build_random_snac
+
     if args.frames < 4:
-        p.error("--frames must be >= 4")
+        raise SystemExit("--frames must be >= 4")
+    if args.decoder_dim is None:
+        args.decoder_dim = SNAC_24KHZ_CONFIG["decoder_dim"]
     dtype = getattr(torch, args.dtype or ("float16" if args.device.startswith("cuda") else "float32"))
     model = build_random_snac(config={**SNAC_24KHZ_CONFIG, "decoder_dim": args.decoder_dim}).to(args.device, dtype)
     print(f"SNAC decoder_dim {args.decoder_dim}, {args.device} {dtype}, torch threads {torch.get_num_threads()}, "
@@ -89,7 +99,4 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"decoder_dim": args.decoder_dim, "device": args.device, "rows": rows}, f, indent=1)
-
-
-if __name__ == "__main__":
-    main()
+    return 0
