@@ -135,7 +135,7 @@ class Conversation:
     """The items, and the session's ``truncation`` at the caps: ``auto`` (default) and ``retention_ratio``
     drop the oldest items to make room (each announced with ``conversation.item.deleted`` through
     ``on_evict``), ``disabled`` refuses with ``conversation_full``. The thinker's prompt keeps only the newest
-    turns that fit its context (``omni_rt.engine.history``), so items dropped at the caps (512 items, 2 MB) are
+    turns that fit its context (``omni_rt.engine.prompt.history``), so items dropped at the caps (512 items, 2 MB) are
     long out of every prompt: dropping them changes no prompt and no cached prefix."""
 
     def __init__(self, max_items: int = MAX_ITEMS) -> None:
