@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     from omni_rt.backends.tts_piper import PiperTTS
     from omni_rt.backends.vad import SileroVadModel
     from omni_rt.pipeline.messages import IncomingMessage
-    from omni_rt.stages.asr import AsrWorker
+    from omni_rt.stages.asr.stage import AsrWorker
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sessions", type=int, default=4)

@@ -1201,7 +1201,7 @@ def turn_taking_markdown(result: dict[str, Any]) -> str:
             e = r["end_silence_ms"]
             lines.append(f"| {mode} | {frac(r['false_end_hesitant'])} | {frac(r['false_end_complete'])} | {sure} | "
                          f"{e['p50']:.0f} / {e['p95']:.0f} |")
-        from omni_rt.contracts import turn_detection as tdm
+        from omni_rt.stages.asr import turn_rule as tdm
 
         cues = " / ".join(c.replace("_", " ") for c in tdm.WORDS_CUES)
         lines += ["", f"Smart Turn's score and the transcript's cue ({cues}) per kind of pause:", "",

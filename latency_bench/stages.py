@@ -50,7 +50,7 @@ def measure_asr(asr_args: dict[str, Any], audio16: np.ndarray, repeats: int) -> 
     import queue
 
     from omni_rt.pipeline.messages import IncomingMessage
-    from omni_rt.stages.asr import create_asr_stage
+    from omni_rt.stages.asr.factory import create_asr_stage
 
     spec_after = int(asr_args.get("speculative_alone_after_ms") or asr_args.get("speculative_after_ms", 150))  # one session
     sched = create_asr_stage(**asr_args)
@@ -121,7 +121,7 @@ class Thinker:
 
     def ask(self, messages: list[dict[str, str]], session_id: str | None, max_tokens: int = 96) -> dict[str, Any]:
         from omni_rt.pipeline.messages import IncomingMessage
-        from omni_rt.stages.clause_splitter import ClauseSplitter
+        from omni_rt.stages.talker.clause_splitter import ClauseSplitter
 
         rid = f"bench-{uuid.uuid4().hex[:8]}"
         splitter = ClauseSplitter(first_min_words=2, first_max_words=4)

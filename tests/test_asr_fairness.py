@@ -15,7 +15,7 @@ import pytest
 
 from omni_rt.audio.pcm import resample
 from omni_rt.pipeline.messages import IncomingMessage
-from omni_rt.stages.asr import AsrWorker
+from omni_rt.stages.asr.stage import AsrWorker
 
 MANUAL = {"turn_detection": None, "partials": False}
 

@@ -125,7 +125,7 @@ async def test_gpu_preset_paths_on_cpu(tiny_models, speech_samples):
 def test_clause_budget_covers_slow_speech():
     """No mid-word cut: a clause's budget is whole frames for it spoken at 80 words/min or 8 chars/s (slower
     than any Orpheus voice), so the old 48-frame cap (4 s, cutting 24-word clauses) is gone."""
-    from omni_rt.stages.speech_prompts import FRAMES_PER_SECOND, clause_token_budget
+    from omni_rt.stages.talker.speech_prompts import FRAMES_PER_SECOND, clause_token_budget
 
     for clause in ["Yes.", "The capital of France is Paris.", "Internationalization considerations notwithstanding,",
                    " ".join(["word"] * 24), "Call 555 0134 or 1-800-275-2273 before 12:45."]:
@@ -139,7 +139,7 @@ def test_clause_budget_covers_slow_speech():
 def test_speech_prompts_are_orpheus_prompts_with_start_tokens(tiny_models):
     from omni_rt.pipeline.messages import IncomingMessage
     from omni_rt.contracts.payloads import SpeechPrompt, TextDelta
-    from omni_rt.stages.speech_prompts import (END_OF_HUMAN, END_OF_SPEECH, START_OF_AI, START_OF_HUMAN, START_OF_SPEECH,
+    from omni_rt.stages.talker.speech_prompts import (END_OF_HUMAN, END_OF_SPEECH, START_OF_AI, START_OF_HUMAN, START_OF_SPEECH,
                                                clause_token_budget, create_speech_prompts)
 
     sched = create_speech_prompts(str(tiny_models / "talker"))

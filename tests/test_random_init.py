@@ -78,7 +78,7 @@ def test_a_factory_naming_random_init_gets_it():
     from omni_rt.engine.random_init import supports_random_init
 
     assert supports_random_init("omni_rt.stages.vocoder:create_snac_vocoder", {})
-    assert not supports_random_init("omni_rt.stages.talker:create_piper_talker", {})  # no such parameter
+    assert not supports_random_init("omni_rt.stages.talker.piper:create_piper_talker", {})  # no such parameter
     assert not supports_random_init("omni_rt.engine.factory:create_ar_scheduler", {"model": "smollm2"})
     assert not supports_random_init("omni_rt.engine.factory.create_ar_scheduler", {"model": "smollm2"})  # dotted
     assert supports_random_init("omni_rt.engine.factory.create_ar_scheduler", {"model": THINKER})
@@ -87,7 +87,7 @@ def test_a_factory_naming_random_init_gets_it():
 
 def test_random_init_refuses_what_it_cannot_build():
     from omni_rt.engine.factory import create_ar_scheduler
-    from omni_rt.stages.asr import create_asr_stage
+    from omni_rt.stages.asr.factory import create_asr_stage
 
     with pytest.raises(ValueError, match="only the torch backend"):
         create_ar_scheduler(THINKER, backend="remote", base_url="http://x/v1", random_init=True)

@@ -24,6 +24,7 @@ from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.session_config import SessionConfig
 from omni_rt.contracts import payloads as c
 from omni_rt.contracts import turn_detection as tdm
+from omni_rt.stages.asr import turn_rule
 
 COMPLETE = "What is the capital of France?"
 HESITANT = ("Can you set a timer for, um,", "ten minutes?")
@@ -61,7 +62,7 @@ def asr_stage(turn_model):
     """The real ASR stage scheduler (Silero VAD, Whisper tiny.en, Smart Turn), driven through its queues."""
     from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.vad import SileroVadModel
-    from omni_rt.stages.asr import AsrWorker
+    from omni_rt.stages.asr.stage import AsrWorker
 
     sched = AsrWorker(FasterWhisperASR(), SileroVadModel(), turn_model=turn_model)
     sched.start()
@@ -154,7 +155,7 @@ def test_turn_model_missing_file_names_package_and_file(tmp_path: Path) -> None:
 
 def test_missing_turn_model_is_a_clear_session_error() -> None:
     """No model file: the session still opens (server_vad) and is told why semantic_vad cannot run."""
-    from omni_rt.stages.asr import AsrWorker
+    from omni_rt.stages.asr.stage import AsrWorker
 
     def missing() -> Any:
         raise FileNotFoundError("package 'pipecat-ai' is not installed, so the Smart Turn model file ... is missing")
@@ -175,7 +176,7 @@ def test_missing_turn_model_is_a_clear_session_error() -> None:
 
 def test_the_stage_answers_each_acknowledged_update() -> None:
     """``update`` with ``ack``: one reply each; a refused one (no turn model) leaves the session's detection as it was."""
-    from omni_rt.stages.asr import AsrWorker
+    from omni_rt.stages.asr.stage import AsrWorker
 
     def missing() -> Any:
         raise FileNotFoundError("package 'pipecat-ai' is not installed")
@@ -208,7 +209,7 @@ def test_semantic_vad_config_defaults_and_echo() -> None:
     assert cfg.turn_detection.to_wire() == {"type": "semantic_vad", "create_response": True, "interrupt_response": True,
                                             "eagerness": "auto"}
     assert cfg.asr_params()["turn_detection"] is cfg.turn_detection  # parsed once, the same value reaches the stage
-    from omni_rt.contracts.turn_detection import TurnDetection
+    from omni_rt.stages.asr.turn_rule import TurnDetection
 
     for eagerness, (thr, max_ms) in (("low", (0.7, 8000)), ("medium", (0.5, 4000)), ("high", (0.3, 2000)), ("auto", (0.5, 4000))):
         td = TurnDetection.from_config(tdm.parse_turn_detection({"type": "semantic_vad", "eagerness": eagerness}))
@@ -220,7 +221,7 @@ def test_semantic_vad_config_defaults_and_echo() -> None:
         assert sem.end_silence_ms(0.99, "open") == sem.end_silence_ms(None, "can_end") == sem.end_silence_ms(0.99, None) == max_ms
         assert sem.end_silence_ms(0.01, "can_end") == sem.end_silence_ms(0.99, "lead_in") == sem.unsure_silence_ms < max_ms
         # a sure "?" on "is": not the maximum, nor shorter than a hesitation's pause
-        assert sem.end_silence_ms(0.99, "asked_open") == max(sem.unsure_silence_ms, tdm.ASKED_OPEN_SILENCE_MS) < max_ms
+        assert sem.end_silence_ms(0.99, "asked_open") == max(sem.unsure_silence_ms, turn_rule.ASKED_OPEN_SILENCE_MS) < max_ms
         assert sem.end_silence_ms(0.99, "can_end") == sem.complete_silence_ms
         # Whisper's last word: a guessed one is never sure; a confident question is sure unless Smart Turn says no
         assert sem.end_silence_ms(0.99, "guess") == sem.unsure_silence_ms
@@ -230,7 +231,7 @@ def test_semantic_vad_config_defaults_and_echo() -> None:
         assert sem.wants_second_look(0.1, "can_end", 0.9) == sem.second_look == (eagerness != "low")
         assert not sem.wants_second_look(0.99, "can_end", 0.9) and not sem.wants_second_look(0.1, "guess", 0.9)
         assert not sem.wants_second_look(0.1, "can_end", 0.7) and not sem.wants_second_look(0.1, "can_end", None)
-        assert sem.end_silence_ms(0.1, "can_end", second=0.99) == (tdm.SECOND_LOOK_MS if sem.second_look else sem.unsure_silence_ms)
+        assert sem.end_silence_ms(0.1, "can_end", second=0.99) == (turn_rule.SECOND_LOOK_MS if sem.second_look else sem.unsure_silence_ms)
         assert sem.end_silence_ms(0.1, "can_end", second=0.1) == sem.end_silence_ms(0.1, "guess", second=0.99) == sem.unsure_silence_ms
     # server_vad keeps its exact shape; idle_timeout_ms appears only when asked for
     cfg.update({"audio": {"input": {"turn_detection": {"type": "server_vad"}}}})
@@ -304,7 +305,7 @@ def test_a_lone_session_answers_from_the_words_before_the_sound_is_scored(asr_st
     last_score = max(i for i, kind in enumerate(order[:stop]) if kind == "turn.scored")
     assert last_spec < last_score, order
     spec, scored = of(events, "transcript.speculative")[-1], of(events, "turn.scored")[-1]
-    assert tdm.EAGERNESS_SETTINGS["auto"].ends_whatever_the_sound(scored["words"]), scored
+    assert turn_rule.EAGERNESS_SETTINGS["auto"].ends_whatever_the_sound(scored["words"]), scored
     final = of(events, "transcript.final")
     assert len(final) == 1 and final[0]["speculative"] is True and final[0]["text"] == spec["text"].strip(), (final, spec)
 
@@ -316,7 +317,7 @@ def test_a_lone_session_answers_from_the_words_before_the_sound_is_scored(asr_st
     ("Hi there.", "lead_in"), ("Hello?", "lead_in"), ("Good morning.", "lead_in"), ("", "empty"), (" ... ", "empty"),
 ])
 def test_words_cue(text: str, cue: str) -> None:
-    assert tdm.words_cue(text) == cue
+    assert turn_rule.words_cue(text) == cue
 
 
 @pytest.mark.parametrize("text, last_word_prob, cue", [
@@ -328,7 +329,7 @@ def test_words_cue(text: str, cue: str) -> None:
     ("Can you set a timer for?", 0.6, "open"), ("Is it, um?", 0.95, "open"), ("Can you tell me what time it is", 0.99, "open"),
 ])
 def test_words_cue_with_the_last_words_probability(text: str, last_word_prob: float, cue: str) -> None:
-    assert tdm.words_cue(text, last_word_prob) == cue
+    assert turn_rule.words_cue(text, last_word_prob) == cue
 
 
 def test_faster_whisper_scores_the_last_word(tts) -> None:
@@ -376,7 +377,7 @@ def test_semantic_vad_second_look_on_the_stage(asr_stage, turn_scores) -> None:
     300 ms gets its second look (a second turn.scored, look 2) and that verdict ends the turn."""
     from latency_bench.turn_set import spoken_set
 
-    auto = tdm.EAGERNESS_SETTINGS["auto"]
+    auto = turn_rule.EAGERNESS_SETTINGS["auto"]
     by_key = {f"{sp.variant}/{sp.item.text}": sp for sp in spoken_set()}
     later = sorted((s for s in turn_scores if s.final and s.kind == "complete" and s.words == "can_end"
                     and s.audio_prob < 0.5 and (s.second_prob or 0) >= 0.95 and (s.last_word_prob or 0) >= 0.9),
@@ -391,7 +392,7 @@ def test_semantic_vad_second_look_on_the_stage(asr_stage, turn_scores) -> None:
     if any(look == 1 and w in ("can_end", "question") and ms == auto.unsure_silence_ms for look, _, w, ms in looks):
         second = [v for v in of(events, "turn.scored") if v["look"] == 2]
         assert second and second[-1]["complete"], looks
-        if second[-1]["end_silence_ms"] == tdm.SECOND_LOOK_MS:
+        if second[-1]["end_silence_ms"] == turn_rule.SECOND_LOOK_MS:
             assert after < auto.unsure_silence_ms + 800, (after, looks)  # the second look's end, with a loaded machine's score
 
 
@@ -447,7 +448,7 @@ def test_semantic_vad_rates_on_the_turn_set(turn_scores) -> None:
     assert early >= 0.7 * both["endings_complete"] and both["ended_second_look_complete"] >= 1, both
     first = rates(turn_scores, "auto", second=False)
     assert both["false_end_hesitant"][0] <= first["false_end_hesitant"][0] + 1, (both, first)
-    assert both["end_silence_ms"]["p95"] <= tdm.EAGERNESS_SETTINGS["auto"].unsure_silence_ms, both  # nobody waits 4 s
+    assert both["end_silence_ms"]["p95"] <= turn_rule.EAGERNESS_SETTINGS["auto"].unsure_silence_ms, both  # nobody waits 4 s
     d = distributions(turn_scores)
     assert d["complete: end"]["words"]["open"] <= 2, d  # a finished utterance rarely ends in "for"/"the"/"um"
     assert d["complete: end"]["words"]["guess"] <= 0.1 * d["complete: end"]["n"], d  # measured 3/132
