@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from latency_bench import report
+from omni_rt.contracts.audio_in import AudioInSettings, OpenAudioIn
 from omni_rt.contracts.turn_detection import parse_turn_detection
 from omni_rt.contracts.payloads import Clause, SpeechStopped, TranscriptFinal
 
@@ -67,8 +68,8 @@ def measure_asr(asr_args: dict[str, Any], audio16: np.ndarray, repeats: int) -> 
             finals, decodes = [], []
             for r in range(repeats):
                 sid = f"bench-{label}-{r}"
-                sched.inbox.put(IncomingMessage(sid, "new_request", {"op": "open", "params": {
-                    "turn_detection": parse_turn_detection({"type": "server_vad", "silence_duration_ms": 500}), "partials": False}}))
+                sched.inbox.put(IncomingMessage(sid, "new_request", OpenAudioIn(AudioInSettings(
+                    parse_turn_detection({"type": "server_vad", "silence_duration_ms": 500}), partials=False))))
                 t_stop = got = None
                 t_start = time.perf_counter()
                 for k, i in enumerate(range(0, len(stream), step)):

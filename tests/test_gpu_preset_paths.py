@@ -13,7 +13,8 @@ import torch
 import yaml
 
 from omni_rt.presets import PRESET_DIR, load_preset
-from omni_rt.contracts.payloads import SpeechPrompt, TranscriptFinal
+from omni_rt.contracts.audio_in import AudioInSettings, CommitAudioIn, OpenAudioIn
+from omni_rt.contracts.payloads import AsrError, SpeechPrompt, TranscriptFinal
 from omni_rt.pipeline.config import PipelineConfig
 from omni_rt.pipeline.coordinator import Coordinator, ResultItem, StreamItem
 
@@ -80,17 +81,17 @@ async def test_gpu_preset_paths_on_cpu(tiny_models, speech_samples):
     try:
         # ASR: transformers Whisper behind the session stage produces a final transcript for a spoken turn
         events = []
-        coord.open_session("s1", "asr", {"turn_detection": None, "partials": False}, lambda stage, ev: events.append(ev))
+        coord.open_session("s1", "asr", OpenAudioIn(AudioInSettings(None, partials=False)), lambda stage, ev: events.append(ev))
         audio, sr, _ = speech_samples["capital"]
         from omni_rt.audio.pcm import resample
 
         coord.append("s1", "asr", resample(audio, sr, 16000))
-        coord.session_control("s1", "asr", "commit")
+        coord.session_control("s1", "asr", CommitAudioIn())
         import asyncio
 
         async with asyncio.timeout(60):
             while not any(isinstance(e, TranscriptFinal) for e in events):
-                assert not [e for e in events if isinstance(e, dict) and e.get("type") == "error"], events
+                assert not [e for e in events if isinstance(e, AsrError)], events
                 await asyncio.sleep(0.05)
         coord.close_session("s1")
 

@@ -127,7 +127,8 @@ async def test_gpu_preset_on_random_weights_end_to_end(speech_samples):
     from omni_rt.audio.pcm import resample
     from omni_rt.pipeline.config import import_string
     from omni_rt.pipeline.coordinator import Coordinator, ResultItem, StreamItem
-    from omni_rt.contracts.payloads import TranscriptFinal
+    from omni_rt.contracts.audio_in import AudioInSettings, CommitAudioIn, OpenAudioIn
+    from omni_rt.contracts.payloads import AsrError, TranscriptFinal
 
     cfg = load_preset("gpu")
     assert len(apply_random_weights(cfg, "tiny")) == len(cfg.stages)  # ASR, thinker, talker, codec LM, vocoder
@@ -139,14 +140,14 @@ async def test_gpu_preset_on_random_weights_end_to_end(speech_samples):
     await coord.start()
     try:
         events = []
-        coord.open_session("s1", cfg.roles.audio_in, {"turn_detection": None, "partials": False},
+        coord.open_session("s1", cfg.roles.audio_in, OpenAudioIn(AudioInSettings(None, partials=False)),
                            lambda stage, ev: events.append(ev))
         audio, sr, _ = speech_samples["capital"]
         coord.append("s1", cfg.roles.audio_in, resample(audio, sr, 16000))
-        coord.session_control("s1", cfg.roles.audio_in, "commit")
+        coord.session_control("s1", cfg.roles.audio_in, CommitAudioIn())
         async with asyncio.timeout(60):
             while not any(isinstance(e, TranscriptFinal) for e in events):
-                assert not [e for e in events if isinstance(e, dict) and e.get("type") == "error"], events
+                assert not [e for e in events if isinstance(e, AsrError)], events
                 await asyncio.sleep(0.05)
         coord.close_session("s1")
 

@@ -23,6 +23,7 @@ from omni_rt.pipeline.messages import IncomingMessage
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.session_config import SessionConfig
 from omni_rt.contracts import payloads as c
+from omni_rt.contracts.audio_in import AudioInSettings, ClearAudioIn, OpenAudioIn, ResponseDone, UpdateAudioIn
 from omni_rt.contracts import turn_detection as tdm
 from omni_rt.stages.asr import turn_rule
 
@@ -102,7 +103,7 @@ def run_stream(sched: Any, sid: str, td: dict[str, Any] | None, audio: np.ndarra
             if msg.type == "event":
                 events.append(as_dict(msg.data))
 
-    sched.inbox.put(IncomingMessage(sid, "new_request", {"op": "open", "params": {"turn_detection": tdm.parse_turn_detection(td), "partials": False}}))
+    sched.inbox.put(IncomingMessage(sid, "new_request", OpenAudioIn(AudioInSettings(tdm.parse_turn_detection(td), partials=False))))
     step = SR // 50
     t0 = time.perf_counter()
     for i, start in enumerate(range(0, audio.size, step)):
@@ -164,8 +165,8 @@ def test_missing_turn_model_is_a_clear_session_error() -> None:
     sched._new_vad = lambda td: None  # type: ignore[method-assign]  # no audio flows in this test
     sched.start()
     try:
-        sched.inbox.put(IncomingMessage("s", "new_request", {"op": "open", "params": {"turn_detection": tdm.parse_turn_detection({
-            "type": "semantic_vad", "eagerness": "auto"})}}))
+        sched.inbox.put(IncomingMessage("s", "new_request", OpenAudioIn(AudioInSettings(tdm.parse_turn_detection({
+            "type": "semantic_vad", "eagerness": "auto"})))))
         msg = sched.outbox.get(timeout=10)
         assert msg.type == "error" and msg.metadata["code"] == "turn_model_unavailable", msg
         assert "pipecat-ai" in msg.data and "Smart Turn" in msg.data
@@ -187,17 +188,78 @@ def test_the_stage_answers_each_acknowledged_update() -> None:
     semantic = tdm.parse_turn_detection({"type": "semantic_vad"})
     slower = tdm.parse_turn_detection({"type": "server_vad", "silence_duration_ms": 900})
     try:
-        sched.inbox.put(IncomingMessage("s", "new_request", {"op": "open", "params": {}}))
+        sched.inbox.put(IncomingMessage("s", "new_request", OpenAudioIn()))
         for sid, ack, td in (("s", "u1", semantic), ("s", "u2", slower), ("gone", "u3", slower)):
-            sched.inbox.put(IncomingMessage(sid, "new_request", {"op": "update", "ack": ack, "params": {"turn_detection": td}}))
+            sched.inbox.put(IncomingMessage(sid, "new_request", UpdateAudioIn(AudioInSettings(td), ack)))
         replies = [sched.outbox.get(timeout=10).data for _ in range(3)]
-        assert [(r["type"], r["ack"], r.get("code")) for r in replies] == [
-            ("session.op_failed", "u1", "turn_model_unavailable"), ("session.op_done", "u2", None),
-            ("session.op_failed", "u3", "session_not_found")], replies
+        assert [(type(r).__name__, r.update_id, getattr(r, "code", None)) for r in replies] == [
+            ("AudioInUpdateRefused", "u1", "turn_model_unavailable"), ("AudioInUpdated", "u2", None),
+            ("AudioInUpdateRefused", "u3", "session_not_found")], replies
         assert sched.sessions["s"].state["asr"].td.silence_duration_ms == 900
         assert sched.outbox.empty()
     finally:
         sched.stop()
+
+
+def test_the_typed_control_path_through_the_real_stage(asr_stage, tts) -> None:
+    """The audio-in control path is typed both ways (``omni_rt.contracts.audio_in``): the real stage (Silero,
+    Whisper, Smart Turn) takes the ops the session builds and answers in contract types. An update is acknowledged
+    by its id and is in force at once (the next pause is scored: semantic_vad), clear answers ``Cleared``, an
+    answer's end moves the idle clock, and an update of a session that is not open is refused by its id."""
+    sid, sched = "typed", asr_stage
+
+    def next_of(kinds: tuple[type, ...], timeout: float = 30.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msg = sched.outbox.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            assert msg.type == "event", msg  # no error, and nothing untyped
+            if isinstance(msg.data, kinds):
+                return msg.data
+        raise AssertionError(f"no {[k.__name__ for k in kinds]} within {timeout} s")
+
+    def send(op: Any) -> None:
+        sched.inbox.put(IncomingMessage(sid, "new_request", op))
+
+    send(OpenAudioIn(AudioInSettings(tdm.parse_turn_detection({"type": "server_vad"}), partials=False)))
+    semantic = AudioInSettings(tdm.parse_turn_detection({"type": "semantic_vad", "eagerness": "high"}), partials=False)
+    send(UpdateAudioIn(semantic, "upd_1"))
+    assert next_of((c.AudioInUpdated, c.AudioInUpdateRefused)) == c.AudioInUpdated(0, "upd_1")
+    assert sched.sessions[sid].state["asr"].td.semantic is turn_rule.EAGERNESS_SETTINGS["high"]
+    try:
+        # in force: the pause after the sentence is scored by Smart Turn, then the turn ends and is transcribed
+        audio = np.concatenate([silence(300), say(tts, COMPLETE), silence(300)])
+        step = SR // 50
+        t0 = time.perf_counter()
+        for i, start in enumerate(range(0, audio.size, step)):
+            sched.inbox.put(IncomingMessage(sid, "stream_chunk", audio[start : start + step]))
+            time.sleep(max(0.0, t0 + (i + 1) * 0.02 - time.perf_counter()))
+        assert isinstance(next_of((c.TurnScored,)), c.TurnScored)
+        sched.inbox.put(IncomingMessage(sid, "stream_chunk", silence(2500)))
+        final = next_of((c.TranscriptFinal,))
+        assert "capital" in final.text.lower() and final.turn == 1, final
+
+        send(ClearAudioIn())
+        assert next_of((c.Cleared,)) == c.Cleared(2)
+        st = sched.sessions[sid].state["asr"]
+        send(ResponseDone(audio_ms=1000))
+        send(UpdateAudioIn(semantic, "upd_2"))  # the same settings: acknowledged, nothing changes
+        assert next_of((c.AudioInUpdated,)) == c.AudioInUpdated(0, "upd_2")
+        assert st.idle_from == st.seg.stream_samples + SR  # the idle clock counts from the answer's end
+
+        sched.inbox.put(IncomingMessage("nobody", "new_request", UpdateAudioIn(semantic, "upd_3")))
+        msg = sched.outbox.get(timeout=10)
+        while msg.request_id != "nobody":  # anything the open session still had to say
+            msg = sched.outbox.get(timeout=10)
+        assert msg.data == c.AudioInUpdateRefused(
+            0, "upd_3", "session_not_found", "asr: session 'nobody' is not open (op 'update')"), msg
+    finally:
+        sched.inbox.put(IncomingMessage(sid, "stream_done"))
+        msg = sched.outbox.get(timeout=10)
+        while msg.type != "result":  # the turn's last events, then the close
+            msg = sched.outbox.get(timeout=10)
 
 
 # ---------------------------------------------------------------- config
@@ -208,7 +270,7 @@ def test_semantic_vad_config_defaults_and_echo() -> None:
     cfg.update({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}})
     assert cfg.turn_detection.to_wire() == {"type": "semantic_vad", "create_response": True, "interrupt_response": True,
                                             "eagerness": "auto"}
-    assert cfg.asr_params()["turn_detection"] is cfg.turn_detection  # parsed once, the same value reaches the stage
+    assert cfg.audio_in_settings().turn_detection is cfg.turn_detection  # parsed once, the same value reaches the stage
     from omni_rt.stages.asr.turn_rule import TurnDetection
 
     for eagerness, (thr, max_ms) in (("low", (0.7, 8000)), ("medium", (0.5, 4000)), ("high", (0.3, 2000)), ("auto", (0.5, 4000))):
@@ -238,7 +300,7 @@ def test_semantic_vad_config_defaults_and_echo() -> None:
     assert cfg.turn_detection.to_wire() == SERVER_VAD_WIRE
     cfg.update({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 6000}}}})
     assert cfg.turn_detection.to_wire()["idle_timeout_ms"] == 6000
-    assert TurnDetection.from_config(cfg.asr_params()["turn_detection"]).idle_timeout_ms == 6000
+    assert TurnDetection.from_config(cfg.audio_in_settings().turn_detection).idle_timeout_ms == 6000
 
 
 @pytest.mark.parametrize("td, param", [

@@ -53,9 +53,10 @@ the buffer (nothing is lost: commit again once transcripts arrive). Every commit
 number, carried by ``Committed`` and by the turn's ``TranscriptFinal``, so a session matches transcripts to
 turns by number, never by arrival.
 
-Session ops (``new_request`` data ``op``): ``open`` (params below), ``update`` (new params), ``commit``
-(end the turn now: manual turn taking), ``clear`` (drop buffered audio), ``response_done``. Appends are float32
-16 kHz arrays. Events out (``omni_rt.contracts.payloads``, each tagged with its turn number): ``SpeechStarted``,
+Session ops (``omni_rt.contracts.audio_in``, typed): ``OpenAudioIn`` and ``UpdateAudioIn`` (the session's
+``AudioInSettings``: turn detection and partials; an update is answered ``AudioInUpdated`` or
+``AudioInUpdateRefused``), ``CommitAudioIn`` (end the turn now: manual turn taking), ``ClearAudioIn`` (drop
+buffered audio), ``ResponseDone``. Appends are float32 16 kHz arrays. Events out (``omni_rt.contracts.payloads``, each tagged with its turn number): ``SpeechStarted``,
 ``SpeechStopped``, ``Committed``, ``Cleared``, ``TranscriptPartial``, ``TranscriptSpeculative``,
 ``SpeculationCancelled``, ``TranscriptFinal``, ``TurnScored``, ``TimeoutTriggered``.
 """
@@ -71,7 +72,8 @@ import numpy as np
 from omni_rt.pipeline.messages import IncomingMessage
 from omni_rt.pipeline.schedulers.session import Session, SessionLimitError, SessionScheduler
 from omni_rt.audio import PIPELINE_INPUT_RATE
-from omni_rt.contracts.turn_detection import SERVER_VAD
+from omni_rt.contracts.audio_in import ClearAudioIn, CommitAudioIn, OpenAudioIn, ResponseDone, UpdateAudioIn
+from omni_rt.contracts.turn_detection import TurnDetectionConfig
 from omni_rt.stages.asr.decoding import DecodeJob, DecodeQueue, Transcriber
 from omni_rt.stages.asr.turn_audio import TurnAudio
 from omni_rt.stages.asr.turn_rule import SCORE_AFTER_MS, SECOND_LOOK_MS, TurnDetection
@@ -251,39 +253,41 @@ class AsrWorker(SessionScheduler):
         return int(samples * 1000 / SAMPLE_RATE)
 
     # ---- session hooks ---------------------------------------------------------------------------
-    def _turn_detection(self, params: dict[str, Any]) -> TurnDetection:
-        """``params["turn_detection"]``: the session's parsed ``TurnDetectionConfig`` (None: the client commits)."""
-        td = TurnDetection.from_config(params.get("turn_detection", SERVER_VAD))
+    def _turn_detection(self, cfg: TurnDetectionConfig | None) -> TurnDetection:
+        """``cfg``: the session's parsed ``turn_detection`` (None: the client commits)."""
+        td = TurnDetection.from_config(cfg)
         if td.semantic is not None:
             self.turn_model()  # load now: a missing model is an error at session.update, not mid-turn
         return td
 
     def on_open(self, session: Session) -> None:
+        op = session.params
+        if not isinstance(op, OpenAudioIn):
+            raise TypeError(f"the ASR stage opens a session with an OpenAudioIn op, not {type(op).__name__}")
         error: SessionLimitError | None = None
         try:
-            td = self._turn_detection(session.params)
+            td = self._turn_detection(op.settings.turn_detection)
         except SessionLimitError as exc:  # open the session anyway, with server_vad, and say why
             td, error = TurnDetection(), exc
-        session.state["asr"] = AsrState(td=td, seg=TurnAudio(self._new_vad(td), SAMPLE_RATE),
-                                        partials=bool(session.params.get("partials", True)))
+        session.state["asr"] = AsrState(td=td, seg=TurnAudio(self._new_vad(td), SAMPLE_RATE), partials=op.settings.partials)
         if error is not None:
             self.emit_error(session.session_id, str(error), code=error.code)
 
-    def on_control(self, session: Session, op: str, data: dict[str, Any]) -> None:
+    def on_control(self, session: Session, op: str, data: Any) -> None:
+        """``data``: a typed op (``omni_rt.contracts.audio_in``), or the dict of an internal ``_decoded`` /
+        ``_scored`` op that this stage's own workers post back to its inbox."""
         st = self._state(session)
-        if op == "update":
-            params = {**session.params, **(data.get("params") or {})}
-            td = self._turn_detection(params)  # raises before anything changes
-            session.params = params
+        if isinstance(data, UpdateAudioIn):
+            td = self._turn_detection(data.settings.turn_detection)  # raises before anything changes
             if td != st.td:
                 st.td, st.seg.vad = td, self._new_vad(td)
-            st.partials = bool(session.params.get("partials", st.partials))
-        elif op == "response_done":
+            st.partials = data.settings.partials
+        elif isinstance(data, ResponseDone):
             # the idle clock restarts once the answer has played (its audio length from now, an upper bound)
-            st.idle_from = st.seg.stream_samples + int(float(data.get("audio_ms") or 0) * SAMPLE_RATE / 1000)
+            st.idle_from = st.seg.stream_samples + int(float(data.audio_ms or 0) * SAMPLE_RATE / 1000)
         elif op == "_scored":
             self._scored(session, st, data)
-        elif op == "commit":
+        elif isinstance(data, CommitAudioIn):
             if st.seg.samples == 0:
                 raise SessionLimitError(
                     "input_audio_buffer_commit_empty", "buffer is empty: append audio before committing"
@@ -300,7 +304,7 @@ class AsrWorker(SessionScheduler):
             self._finish_turn(session, st, trigger="commit")
         elif op == "_decoded":
             self._decoded(session, st, data)
-        elif op == "clear":
+        elif isinstance(data, ClearAudioIn):
             st.seg.vad.reset()
             self._reset_turn(session, st)
             self.emit(session.session_id, "event", Cleared(st.turn + 1))
