@@ -19,13 +19,14 @@ import numpy as np
 
 
 def _round(sched, audios: list[np.ndarray]) -> dict[str, float]:
+    from omni_rt.contracts.audio_in import CommitAudioIn
     from omni_rt.pipeline.messages import IncomingMessage
 
     sids = [f"s{i}" for i in range(len(audios))]
     t0 = time.perf_counter()
     for sid, audio in zip(sids, audios):
         sched.inbox.put(IncomingMessage(sid, "stream_chunk", audio))
-        sched.inbox.put(IncomingMessage(sid, "new_request", {"op": "commit"}))
+        sched.inbox.put(IncomingMessage(sid, "new_request", CommitAudioIn()))
     done: dict[str, float] = {}
     while len(done) < len(sids):
         try:
@@ -52,7 +53,8 @@ def command(args: argparse.Namespace) -> int:
     from omni_rt.backends.tts_piper import PiperTTS
     from omni_rt.backends.vad import SileroVadModel
     from omni_rt.pipeline.messages import IncomingMessage
-    from omni_rt.stages.asr import AsrWorker
+    from omni_rt.contracts.audio_in import AudioInSettings, OpenAudioIn
+    from omni_rt.stages.asr.stage import AsrWorker
 
     tts = PiperTTS()
     texts = ["What is the capital of France?", "What color is the sky on a clear day?",
@@ -65,7 +67,7 @@ def command(args: argparse.Namespace) -> int:
         s = scheds[mb] = AsrWorker(asr, vad, max_batch=mb)
         s.start()
         for i in range(args.sessions):
-            s.inbox.put(IncomingMessage(f"s{i}", "new_request", {"op": "open", "params": {"turn_detection": None, "partials": False}}))
+            s.inbox.put(IncomingMessage(f"s{i}", "new_request", OpenAudioIn(AudioInSettings(None, partials=False))))
     rounds: dict[int, list[dict[str, float]]] = {mb: [] for mb in args.max_batch}
     try:
         for _ in range(args.repeats):

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from latency_bench import report
+from omni_rt.contracts.audio_in import AudioInSettings, OpenAudioIn
 from omni_rt.contracts.turn_detection import parse_turn_detection
 from omni_rt.contracts.payloads import Clause, SpeechStopped, TranscriptFinal
 
@@ -52,7 +53,7 @@ def measure_asr(asr_args: dict[str, Any], audio16: np.ndarray, repeats: int) -> 
     import queue
 
     from omni_rt.pipeline.messages import IncomingMessage
-    from omni_rt.stages.asr import create_asr_stage
+    from omni_rt.stages.asr.factory import create_asr_stage
 
     spec_after = int(asr_args.get("speculative_alone_after_ms") or asr_args.get("speculative_after_ms", 150))  # one session
     sched = create_asr_stage(**asr_args)
@@ -69,8 +70,8 @@ def measure_asr(asr_args: dict[str, Any], audio16: np.ndarray, repeats: int) -> 
             finals, decodes = [], []
             for r in range(repeats):
                 sid = f"bench-{label}-{r}"
-                sched.inbox.put(IncomingMessage(sid, "new_request", {"op": "open", "params": {
-                    "turn_detection": parse_turn_detection({"type": "server_vad", "silence_duration_ms": 500}), "partials": False}}))
+                sched.inbox.put(IncomingMessage(sid, "new_request", OpenAudioIn(AudioInSettings(
+                    parse_turn_detection({"type": "server_vad", "silence_duration_ms": 500}), partials=False))))
                 t_stop = got = None
                 t_start = time.perf_counter()
                 for k, i in enumerate(range(0, len(stream), step)):
@@ -123,7 +124,7 @@ class Thinker:
 
     def ask(self, messages: list[dict[str, str]], session_id: str | None, max_tokens: int = 96) -> dict[str, Any]:
         from omni_rt.pipeline.messages import IncomingMessage
-        from omni_rt.stages.clause_splitter import ClauseSplitter
+        from omni_rt.stages.talker.clause_splitter import ClauseSplitter
 
         rid = f"bench-{uuid.uuid4().hex[:8]}"
         splitter = ClauseSplitter(first_min_words=2, first_max_words=4)

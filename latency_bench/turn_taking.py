@@ -128,7 +128,7 @@ async def run_turn_taking(args: Any, plan: Plan, modes: list[str]) -> dict[str, 
         "started_at": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": report.machine_info(),
         "config": {"preset": args.preset, "command": "python -m latency_bench " + " ".join(shlex.quote(a) for a in (args.argv or [])),
                    "thinker": measured_thinker(args), "modes": {m: TURN_DETECTION[m] for m in modes}, "levels": plan.levels, "turns": plan.turns,
-                   "hesitant_per_session": args.hesitant, "turn_set": "latency_bench/turn_set.py (live: voice 'plain')"},
+                   "hesitant_per_session": args.hesitant, "turn_set": "omni_rt/testing/turn_set.py (live: voice 'plain')"},
         "notes": list(args.note or []),
     }
     t_start = time.perf_counter()
@@ -196,7 +196,7 @@ def turn_taking_markdown(result: dict[str, Any]) -> str:
     st = result.get("stage_level")
     if st:
         frac = lambda a: f"{a[0]}/{a[1]} ({100 * a[0] / a[1]:.0f}%)" if a and a[1] else "-"  # noqa: E731
-        lines += [f"On the labelled set (`latency_bench/turn_set.py`, {st['pauses']} pauses in 3 Piper voices), scored at "
+        lines += [f"On the labelled set (`omni_rt/testing/turn_set.py`, {st['pauses']} pauses in 3 Piper voices), scored at "
                   "the stage level (the end silence each verdict picks; compute time not included):", "",
                   "| mode | hesitant utterances cut | complete utterances cut mid-way | ended at the sure silence | end silence p50 / p95 |",
                   "|---|---|---|---|---|"]

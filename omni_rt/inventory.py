@@ -28,8 +28,8 @@ SMOLLM2_DIRNAME = "smollm2-135m-instruct"  # weights.SMOLLM2_DIRNAME, spelled he
 
 # what a stage loads when its args name no model: its factory's own default
 DEFAULT_MODELS = {
-    "omni_rt.stages.asr:create_asr_stage": "tiny.en",
-    "omni_rt.stages.talker:create_piper_talker": VOICE_NAME,
+    "omni_rt.stages.asr.factory:create_asr_stage": "tiny.en",
+    "omni_rt.stages.talker.piper:create_piper_talker": VOICE_NAME,
 }
 
 

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from omni_rt.audio.pcm import resample
+from omni_rt.contracts.audio_in import AudioInSettings, CommitAudioIn, OpenAudioIn
 from omni_rt.pipeline.messages import IncomingMessage
-from omni_rt.stages.asr import AsrWorker
+from omni_rt.stages.asr.stage import AsrWorker
 
-MANUAL = {"turn_detection": None, "partials": False}
+MANUAL = AudioInSettings(turn_detection=None, partials=False)
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +50,12 @@ def put(s, sid: str, type_: str, data=None) -> None:
 
 
 def open_session(s, sid: str) -> None:
-    put(s, sid, "new_request", {"op": "open", "params": MANUAL})
+    put(s, sid, "new_request", OpenAudioIn(MANUAL))
 
 
 def commit_turn(s, sid: str, audio: np.ndarray) -> None:
     put(s, sid, "stream_chunk", audio)
-    put(s, sid, "new_request", {"op": "commit"})
+    put(s, sid, "new_request", CommitAudioIn())
 
 
 def events(s, until, timeout: float = 120.0) -> list[tuple[float, str, dict]]:
@@ -154,7 +155,7 @@ def test_simultaneous_commits_batch_and_each_session_gets_its_own_words(asr_part
         open_session(s, name)
         put(s, name, "stream_chunk", resample(audio, sr, 16000))
     for name in speech_samples:  # the commits back to back (no VAD work between them): they arrive together
-        put(s, name, "new_request", {"op": "commit"})
+        put(s, name, "new_request", CommitAudioIn())
     s.start()
     try:
         evs = events(s, lambda e: all(len(finals(e, n)) == 1 for n in words))
@@ -193,8 +194,8 @@ def _speculates_after(asr_parts, speech_16k, silence_ms: int, others: int) -> bo
     try:
         td = parse_turn_detection({"type": "server_vad", "silence_duration_ms": 500})
         for i in range(others):  # open sessions that send nothing
-            put(s, f"other{i}", "new_request", {"op": "open", "params": {"turn_detection": td, "partials": False}})
-        put(s, "me", "new_request", {"op": "open", "params": {"turn_detection": td, "partials": False}})
+            put(s, f"other{i}", "new_request", OpenAudioIn(AudioInSettings(td, partials=False)))
+        put(s, "me", "new_request", OpenAudioIn(AudioInSettings(td, partials=False)))
         loud = np.flatnonzero(np.abs(speech_16k) > 0.02)
         speech = speech_16k[: loud[-1] + 1]  # Piper's own trailing silence cut: the pause is exactly silence_ms
         audio = np.concatenate([np.zeros(3200, np.float32), speech, np.zeros(16 * silence_ms, np.float32)])

@@ -1,6 +1,6 @@
 """Clause cutting for the talker: short first clause, growing later ones, punctuation, markup."""
 
-from omni_rt.stages.clause_splitter import ClauseSplitter, clean_for_speech
+from omni_rt.stages.talker.clause_splitter import ClauseSplitter, clean_for_speech
 
 
 def split(text: str, **kw) -> list[str]:

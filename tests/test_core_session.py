@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from omni_rt.contracts.payloads import AsrError, SessionExpired
 from omni_rt.pipeline.messages import IncomingMessage
 
 try:  # the repo root is on sys.path (python -m pytest / PYTHONPATH=.)
@@ -13,12 +14,22 @@ except ImportError:  # bare `pytest`: pytest put tests/ itself on sys.path
 poll_until, running = toy.poll_until, toy.running
 
 
+def as_dict(event) -> dict:
+    """The toy stage's own events are dicts; an error on the session (the coordinator's) and an expiry (the
+    session scheduler's) are contract types."""
+    if isinstance(event, AsrError):
+        return {"type": "error", "code": event.code, "message": event.message}
+    if isinstance(event, SessionExpired):
+        return {"type": "session.expired", "idle_s": event.idle_s}
+    return event
+
+
 class Listener:
     def __init__(self) -> None:
         self.events: list[tuple[str, dict]] = []
 
-    def __call__(self, stage: str, event: dict) -> None:
-        self.events.append((stage, event))
+    def __call__(self, stage: str, event) -> None:
+        self.events.append((stage, as_dict(event)))
 
     def types(self) -> list[str]:
         return [e["type"] for _, e in self.events]

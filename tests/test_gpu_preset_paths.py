@@ -13,7 +13,8 @@ import torch
 import yaml
 
 from omni_rt.presets import PRESET_DIR, load_preset
-from omni_rt.contracts.payloads import SpeechPrompt, TranscriptFinal
+from omni_rt.contracts.audio_in import AudioInSettings, CommitAudioIn, OpenAudioIn
+from omni_rt.contracts.payloads import AsrError, SpeechPrompt, TranscriptFinal
 from omni_rt.pipeline.config import PipelineConfig
 from omni_rt.pipeline.coordinator import Coordinator, ResultItem, StreamItem
 
@@ -80,17 +81,17 @@ async def test_gpu_preset_paths_on_cpu(tiny_models, speech_samples):
     try:
         # ASR: transformers Whisper behind the session stage produces a final transcript for a spoken turn
         events = []
-        coord.open_session("s1", "asr", {"turn_detection": None, "partials": False}, lambda stage, ev: events.append(ev))
+        coord.open_session("s1", "asr", OpenAudioIn(AudioInSettings(None, partials=False)), lambda stage, ev: events.append(ev))
         audio, sr, _ = speech_samples["capital"]
         from omni_rt.audio.pcm import resample
 
         coord.append("s1", "asr", resample(audio, sr, 16000))
-        coord.session_control("s1", "asr", "commit")
+        coord.session_control("s1", "asr", CommitAudioIn())
         import asyncio
 
         async with asyncio.timeout(60):
             while not any(isinstance(e, TranscriptFinal) for e in events):
-                assert not [e for e in events if isinstance(e, dict) and e.get("type") == "error"], events
+                assert not [e for e in events if isinstance(e, AsrError)], events
                 await asyncio.sleep(0.05)
         coord.close_session("s1")
 
@@ -125,7 +126,7 @@ async def test_gpu_preset_paths_on_cpu(tiny_models, speech_samples):
 def test_clause_budget_covers_slow_speech():
     """No mid-word cut: a clause's budget is whole frames for it spoken at 80 words/min or 8 chars/s (slower
     than any Orpheus voice), so the old 48-frame cap (4 s, cutting 24-word clauses) is gone."""
-    from omni_rt.stages.speech_prompts import FRAMES_PER_SECOND, clause_token_budget
+    from omni_rt.stages.talker.speech_prompts import FRAMES_PER_SECOND, clause_token_budget
 
     for clause in ["Yes.", "The capital of France is Paris.", "Internationalization considerations notwithstanding,",
                    " ".join(["word"] * 24), "Call 555 0134 or 1-800-275-2273 before 12:45."]:
@@ -139,7 +140,7 @@ def test_clause_budget_covers_slow_speech():
 def test_speech_prompts_are_orpheus_prompts_with_start_tokens(tiny_models):
     from omni_rt.pipeline.messages import IncomingMessage
     from omni_rt.contracts.payloads import SpeechPrompt, TextDelta
-    from omni_rt.stages.speech_prompts import (END_OF_HUMAN, END_OF_SPEECH, START_OF_AI, START_OF_HUMAN, START_OF_SPEECH,
+    from omni_rt.stages.talker.speech_prompts import (END_OF_HUMAN, END_OF_SPEECH, START_OF_AI, START_OF_HUMAN, START_OF_SPEECH,
                                                clause_token_budget, create_speech_prompts)
 
     sched = create_speech_prompts(str(tiny_models / "talker"))

@@ -78,7 +78,7 @@ def test_a_factory_naming_random_init_gets_it():
     from omni_rt.engine.weights.random_init import supports_random_init
 
     assert supports_random_init("omni_rt.stages.vocoder:create_snac_vocoder", {})
-    assert not supports_random_init("omni_rt.stages.talker:create_piper_talker", {})  # no such parameter
+    assert not supports_random_init("omni_rt.stages.talker.piper:create_piper_talker", {})  # no such parameter
     assert not supports_random_init("omni_rt.engine.factory:create_ar_scheduler", {"model": "smollm2"})
     assert not supports_random_init("omni_rt.engine.factory.create_ar_scheduler", {"model": "smollm2"})  # dotted
     assert supports_random_init("omni_rt.engine.factory.create_ar_scheduler", {"model": THINKER})
@@ -87,7 +87,7 @@ def test_a_factory_naming_random_init_gets_it():
 
 def test_random_init_refuses_what_it_cannot_build():
     from omni_rt.engine.factory import create_ar_scheduler
-    from omni_rt.stages.asr import create_asr_stage
+    from omni_rt.stages.asr.factory import create_asr_stage
 
     with pytest.raises(ValueError, match="only the torch backend"):
         create_ar_scheduler(THINKER, backend="remote", base_url="http://x/v1", random_init=True)
@@ -127,7 +127,8 @@ async def test_gpu_preset_on_random_weights_end_to_end(speech_samples):
     from omni_rt.audio.pcm import resample
     from omni_rt.pipeline.config import import_string
     from omni_rt.pipeline.coordinator import Coordinator, ResultItem, StreamItem
-    from omni_rt.contracts.payloads import TranscriptFinal
+    from omni_rt.contracts.audio_in import AudioInSettings, CommitAudioIn, OpenAudioIn
+    from omni_rt.contracts.payloads import AsrError, TranscriptFinal
 
     cfg = load_preset("gpu")
     assert len(apply_random_weights(cfg, "tiny")) == len(cfg.stages)  # ASR, thinker, talker, codec LM, vocoder
@@ -139,14 +140,14 @@ async def test_gpu_preset_on_random_weights_end_to_end(speech_samples):
     await coord.start()
     try:
         events = []
-        coord.open_session("s1", cfg.roles.audio_in, {"turn_detection": None, "partials": False},
+        coord.open_session("s1", cfg.roles.audio_in, OpenAudioIn(AudioInSettings(None, partials=False)),
                            lambda stage, ev: events.append(ev))
         audio, sr, _ = speech_samples["capital"]
         coord.append("s1", cfg.roles.audio_in, resample(audio, sr, 16000))
-        coord.session_control("s1", cfg.roles.audio_in, "commit")
+        coord.session_control("s1", cfg.roles.audio_in, CommitAudioIn())
         async with asyncio.timeout(60):
             while not any(isinstance(e, TranscriptFinal) for e in events):
-                assert not [e for e in events if isinstance(e, dict) and e.get("type") == "error"], events
+                assert not [e for e in events if isinstance(e, AsrError)], events
                 await asyncio.sleep(0.05)
         coord.close_session("s1")
 

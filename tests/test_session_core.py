@@ -261,7 +261,7 @@ def test_session_updated_follows_the_stage_and_stays_in_order() -> None:
     s.receive_event({"type": "session.update", "session": {"instructions": "Be briefer."}})
     events, commands = drain(s)
     updates = [x for x in commands if isinstance(x, cmd.UpdateAudioIn)]
-    assert events == [] and len(updates) == 1 and updates[0].params["turn_detection"].type == "semantic_vad"
+    assert events == [] and len(updates) == 1 and updates[0].settings.turn_detection.type == "semantic_vad"
     assert s.config.instructions == "Be briefer."  # in force at once: the client's next events see it
     s.receive_asr(c.AudioInUpdated(0, updates[0].update_id))
     events, _ = drain(s)

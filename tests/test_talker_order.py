@@ -12,7 +12,7 @@ import pytest
 
 from omni_rt.contracts.payloads import Clause, TextDelta
 from omni_rt.pipeline.messages import IncomingMessage
-from omni_rt.stages.talker import create_piper_talker
+from omni_rt.stages.talker.piper import create_piper_talker
 
 LONG = "Paris is the capital. It sits on the Seine river in the north. It has about two million people living in it. " \
        "Its museums hold famous paintings from many centuries. Millions of visitors come every single year to see them."
@@ -87,7 +87,7 @@ def test_an_abort_drops_the_clauses_it_had_queued(talker):
 
 
 def test_arrival_order_is_the_ablation_it_names(talker):
-    from omni_rt.stages.talker import PiperTalker
+    from omni_rt.stages.talker.piper import PiperTalker
 
     out = long_then_new(PiperTalker(talker.tts, clause_order="arrival"))
     spoken = [rid for rid, kind, _ in out if kind == "stream"]

@@ -23,7 +23,9 @@ from omni_rt.pipeline.messages import IncomingMessage
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.session_config import SessionConfig
 from omni_rt.contracts import payloads as c
+from omni_rt.contracts.audio_in import AudioInSettings, ClearAudioIn, OpenAudioIn, ResponseDone, UpdateAudioIn
 from omni_rt.contracts import turn_detection as tdm
+from omni_rt.stages.asr import turn_rule
 
 COMPLETE = "What is the capital of France?"
 HESITANT = ("Can you set a timer for, um,", "ten minutes?")
@@ -61,7 +63,7 @@ def asr_stage(turn_model):
     """The real ASR stage scheduler (Silero VAD, Whisper tiny.en, Smart Turn), driven through its queues."""
     from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.vad import SileroVadModel
-    from omni_rt.stages.asr import AsrWorker
+    from omni_rt.stages.asr.stage import AsrWorker
 
     sched = AsrWorker(FasterWhisperASR(), SileroVadModel(), turn_model=turn_model)
     sched.start()
@@ -101,7 +103,7 @@ def run_stream(sched: Any, sid: str, td: dict[str, Any] | None, audio: np.ndarra
             if msg.type == "event":
                 events.append(as_dict(msg.data))
 
-    sched.inbox.put(IncomingMessage(sid, "new_request", {"op": "open", "params": {"turn_detection": tdm.parse_turn_detection(td), "partials": False}}))
+    sched.inbox.put(IncomingMessage(sid, "new_request", OpenAudioIn(AudioInSettings(tdm.parse_turn_detection(td), partials=False))))
     step = SR // 50
     t0 = time.perf_counter()
     for i, start in enumerate(range(0, audio.size, step)):
@@ -154,7 +156,7 @@ def test_turn_model_missing_file_names_package_and_file(tmp_path: Path) -> None:
 
 def test_missing_turn_model_is_a_clear_session_error() -> None:
     """No model file: the session still opens (server_vad) and is told why semantic_vad cannot run."""
-    from omni_rt.stages.asr import AsrWorker
+    from omni_rt.stages.asr.stage import AsrWorker
 
     def missing() -> Any:
         raise FileNotFoundError("package 'pipecat-ai' is not installed, so the Smart Turn model file ... is missing")
@@ -163,8 +165,8 @@ def test_missing_turn_model_is_a_clear_session_error() -> None:
     sched._new_vad = lambda td: None  # type: ignore[method-assign]  # no audio flows in this test
     sched.start()
     try:
-        sched.inbox.put(IncomingMessage("s", "new_request", {"op": "open", "params": {"turn_detection": tdm.parse_turn_detection({
-            "type": "semantic_vad", "eagerness": "auto"})}}))
+        sched.inbox.put(IncomingMessage("s", "new_request", OpenAudioIn(AudioInSettings(tdm.parse_turn_detection({
+            "type": "semantic_vad", "eagerness": "auto"})))))
         msg = sched.outbox.get(timeout=10)
         assert msg.type == "error" and msg.metadata["code"] == "turn_model_unavailable", msg
         assert "pipecat-ai" in msg.data and "Smart Turn" in msg.data
@@ -175,7 +177,7 @@ def test_missing_turn_model_is_a_clear_session_error() -> None:
 
 def test_the_stage_answers_each_acknowledged_update() -> None:
     """``update`` with ``ack``: one reply each; a refused one (no turn model) leaves the session's detection as it was."""
-    from omni_rt.stages.asr import AsrWorker
+    from omni_rt.stages.asr.stage import AsrWorker
 
     def missing() -> Any:
         raise FileNotFoundError("package 'pipecat-ai' is not installed")
@@ -186,17 +188,78 @@ def test_the_stage_answers_each_acknowledged_update() -> None:
     semantic = tdm.parse_turn_detection({"type": "semantic_vad"})
     slower = tdm.parse_turn_detection({"type": "server_vad", "silence_duration_ms": 900})
     try:
-        sched.inbox.put(IncomingMessage("s", "new_request", {"op": "open", "params": {}}))
+        sched.inbox.put(IncomingMessage("s", "new_request", OpenAudioIn()))
         for sid, ack, td in (("s", "u1", semantic), ("s", "u2", slower), ("gone", "u3", slower)):
-            sched.inbox.put(IncomingMessage(sid, "new_request", {"op": "update", "ack": ack, "params": {"turn_detection": td}}))
+            sched.inbox.put(IncomingMessage(sid, "new_request", UpdateAudioIn(AudioInSettings(td), ack)))
         replies = [sched.outbox.get(timeout=10).data for _ in range(3)]
-        assert [(r["type"], r["ack"], r.get("code")) for r in replies] == [
-            ("session.op_failed", "u1", "turn_model_unavailable"), ("session.op_done", "u2", None),
-            ("session.op_failed", "u3", "session_not_found")], replies
+        assert [(type(r).__name__, r.update_id, getattr(r, "code", None)) for r in replies] == [
+            ("AudioInUpdateRefused", "u1", "turn_model_unavailable"), ("AudioInUpdated", "u2", None),
+            ("AudioInUpdateRefused", "u3", "session_not_found")], replies
         assert sched.sessions["s"].state["asr"].td.silence_duration_ms == 900
         assert sched.outbox.empty()
     finally:
         sched.stop()
+
+
+def test_the_typed_control_path_through_the_real_stage(asr_stage, tts) -> None:
+    """The audio-in control path is typed both ways (``omni_rt.contracts.audio_in``): the real stage (Silero,
+    Whisper, Smart Turn) takes the ops the session builds and answers in contract types. An update is acknowledged
+    by its id and is in force at once (the next pause is scored: semantic_vad), clear answers ``Cleared``, an
+    answer's end moves the idle clock, and an update of a session that is not open is refused by its id."""
+    sid, sched = "typed", asr_stage
+
+    def next_of(kinds: tuple[type, ...], timeout: float = 30.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msg = sched.outbox.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            assert msg.type == "event", msg  # no error, and nothing untyped
+            if isinstance(msg.data, kinds):
+                return msg.data
+        raise AssertionError(f"no {[k.__name__ for k in kinds]} within {timeout} s")
+
+    def send(op: Any) -> None:
+        sched.inbox.put(IncomingMessage(sid, "new_request", op))
+
+    send(OpenAudioIn(AudioInSettings(tdm.parse_turn_detection({"type": "server_vad"}), partials=False)))
+    semantic = AudioInSettings(tdm.parse_turn_detection({"type": "semantic_vad", "eagerness": "high"}), partials=False)
+    send(UpdateAudioIn(semantic, "upd_1"))
+    assert next_of((c.AudioInUpdated, c.AudioInUpdateRefused)) == c.AudioInUpdated(0, "upd_1")
+    assert sched.sessions[sid].state["asr"].td.semantic is turn_rule.EAGERNESS_SETTINGS["high"]
+    try:
+        # in force: the pause after the sentence is scored by Smart Turn, then the turn ends and is transcribed
+        audio = np.concatenate([silence(300), say(tts, COMPLETE), silence(300)])
+        step = SR // 50
+        t0 = time.perf_counter()
+        for i, start in enumerate(range(0, audio.size, step)):
+            sched.inbox.put(IncomingMessage(sid, "stream_chunk", audio[start : start + step]))
+            time.sleep(max(0.0, t0 + (i + 1) * 0.02 - time.perf_counter()))
+        assert isinstance(next_of((c.TurnScored,)), c.TurnScored)
+        sched.inbox.put(IncomingMessage(sid, "stream_chunk", silence(2500)))
+        final = next_of((c.TranscriptFinal,))
+        assert "capital" in final.text.lower() and final.turn == 1, final
+
+        send(ClearAudioIn())
+        assert next_of((c.Cleared,)) == c.Cleared(2)
+        st = sched.sessions[sid].state["asr"]
+        send(ResponseDone(audio_ms=1000))
+        send(UpdateAudioIn(semantic, "upd_2"))  # the same settings: acknowledged, nothing changes
+        assert next_of((c.AudioInUpdated,)) == c.AudioInUpdated(0, "upd_2")
+        assert st.idle_from == st.seg.stream_samples + SR  # the idle clock counts from the answer's end
+
+        sched.inbox.put(IncomingMessage("nobody", "new_request", UpdateAudioIn(semantic, "upd_3")))
+        msg = sched.outbox.get(timeout=10)
+        while msg.request_id != "nobody":  # anything the open session still had to say
+            msg = sched.outbox.get(timeout=10)
+        assert msg.data == c.AudioInUpdateRefused(
+            0, "upd_3", "session_not_found", "asr: session 'nobody' is not open (op 'update')"), msg
+    finally:
+        sched.inbox.put(IncomingMessage(sid, "stream_done"))
+        msg = sched.outbox.get(timeout=10)
+        while msg.type != "result":  # the turn's last events, then the close
+            msg = sched.outbox.get(timeout=10)
 
 
 # ---------------------------------------------------------------- config
@@ -207,8 +270,8 @@ def test_semantic_vad_config_defaults_and_echo() -> None:
     cfg.update({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}})
     assert cfg.turn_detection.to_wire() == {"type": "semantic_vad", "create_response": True, "interrupt_response": True,
                                             "eagerness": "auto"}
-    assert cfg.asr_params()["turn_detection"] is cfg.turn_detection  # parsed once, the same value reaches the stage
-    from omni_rt.contracts.turn_detection import TurnDetection
+    assert cfg.audio_in_settings().turn_detection is cfg.turn_detection  # parsed once, the same value reaches the stage
+    from omni_rt.stages.asr.turn_rule import TurnDetection
 
     for eagerness, (thr, max_ms) in (("low", (0.7, 8000)), ("medium", (0.5, 4000)), ("high", (0.3, 2000)), ("auto", (0.5, 4000))):
         td = TurnDetection.from_config(tdm.parse_turn_detection({"type": "semantic_vad", "eagerness": eagerness}))
@@ -220,7 +283,7 @@ def test_semantic_vad_config_defaults_and_echo() -> None:
         assert sem.end_silence_ms(0.99, "open") == sem.end_silence_ms(None, "can_end") == sem.end_silence_ms(0.99, None) == max_ms
         assert sem.end_silence_ms(0.01, "can_end") == sem.end_silence_ms(0.99, "lead_in") == sem.unsure_silence_ms < max_ms
         # a sure "?" on "is": not the maximum, nor shorter than a hesitation's pause
-        assert sem.end_silence_ms(0.99, "asked_open") == max(sem.unsure_silence_ms, tdm.ASKED_OPEN_SILENCE_MS) < max_ms
+        assert sem.end_silence_ms(0.99, "asked_open") == max(sem.unsure_silence_ms, turn_rule.ASKED_OPEN_SILENCE_MS) < max_ms
         assert sem.end_silence_ms(0.99, "can_end") == sem.complete_silence_ms
         # Whisper's last word: a guessed one is never sure; a confident question is sure unless Smart Turn says no
         assert sem.end_silence_ms(0.99, "guess") == sem.unsure_silence_ms
@@ -230,14 +293,14 @@ def test_semantic_vad_config_defaults_and_echo() -> None:
         assert sem.wants_second_look(0.1, "can_end", 0.9) == sem.second_look == (eagerness != "low")
         assert not sem.wants_second_look(0.99, "can_end", 0.9) and not sem.wants_second_look(0.1, "guess", 0.9)
         assert not sem.wants_second_look(0.1, "can_end", 0.7) and not sem.wants_second_look(0.1, "can_end", None)
-        assert sem.end_silence_ms(0.1, "can_end", second=0.99) == (tdm.SECOND_LOOK_MS if sem.second_look else sem.unsure_silence_ms)
+        assert sem.end_silence_ms(0.1, "can_end", second=0.99) == (turn_rule.SECOND_LOOK_MS if sem.second_look else sem.unsure_silence_ms)
         assert sem.end_silence_ms(0.1, "can_end", second=0.1) == sem.end_silence_ms(0.1, "guess", second=0.99) == sem.unsure_silence_ms
     # server_vad keeps its exact shape; idle_timeout_ms appears only when asked for
     cfg.update({"audio": {"input": {"turn_detection": {"type": "server_vad"}}}})
     assert cfg.turn_detection.to_wire() == SERVER_VAD_WIRE
     cfg.update({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 6000}}}})
     assert cfg.turn_detection.to_wire()["idle_timeout_ms"] == 6000
-    assert TurnDetection.from_config(cfg.asr_params()["turn_detection"]).idle_timeout_ms == 6000
+    assert TurnDetection.from_config(cfg.audio_in_settings().turn_detection).idle_timeout_ms == 6000
 
 
 @pytest.mark.parametrize("td, param", [
@@ -304,7 +367,7 @@ def test_a_lone_session_answers_from_the_words_before_the_sound_is_scored(asr_st
     last_score = max(i for i, kind in enumerate(order[:stop]) if kind == "turn.scored")
     assert last_spec < last_score, order
     spec, scored = of(events, "transcript.speculative")[-1], of(events, "turn.scored")[-1]
-    assert tdm.EAGERNESS_SETTINGS["auto"].ends_whatever_the_sound(scored["words"]), scored
+    assert turn_rule.EAGERNESS_SETTINGS["auto"].ends_whatever_the_sound(scored["words"]), scored
     final = of(events, "transcript.final")
     assert len(final) == 1 and final[0]["speculative"] is True and final[0]["text"] == spec["text"].strip(), (final, spec)
 
@@ -316,7 +379,7 @@ def test_a_lone_session_answers_from_the_words_before_the_sound_is_scored(asr_st
     ("Hi there.", "lead_in"), ("Hello?", "lead_in"), ("Good morning.", "lead_in"), ("", "empty"), (" ... ", "empty"),
 ])
 def test_words_cue(text: str, cue: str) -> None:
-    assert tdm.words_cue(text) == cue
+    assert turn_rule.words_cue(text) == cue
 
 
 @pytest.mark.parametrize("text, last_word_prob, cue", [
@@ -328,7 +391,7 @@ def test_words_cue(text: str, cue: str) -> None:
     ("Can you set a timer for?", 0.6, "open"), ("Is it, um?", 0.95, "open"), ("Can you tell me what time it is", 0.99, "open"),
 ])
 def test_words_cue_with_the_last_words_probability(text: str, last_word_prob: float, cue: str) -> None:
-    assert tdm.words_cue(text, last_word_prob) == cue
+    assert turn_rule.words_cue(text, last_word_prob) == cue
 
 
 def test_faster_whisper_scores_the_last_word(tts) -> None:
@@ -376,7 +439,7 @@ def test_semantic_vad_second_look_on_the_stage(asr_stage, turn_scores) -> None:
     300 ms gets its second look (a second turn.scored, look 2) and that verdict ends the turn."""
     from omni_rt.testing.turn_set import spoken_set
 
-    auto = tdm.EAGERNESS_SETTINGS["auto"]
+    auto = turn_rule.EAGERNESS_SETTINGS["auto"]
     by_key = {f"{sp.variant}/{sp.item.text}": sp for sp in spoken_set()}
     later = sorted((s for s in turn_scores if s.final and s.kind == "complete" and s.words == "can_end"
                     and s.audio_prob < 0.5 and (s.second_prob or 0) >= 0.95 and (s.last_word_prob or 0) >= 0.9),
@@ -391,7 +454,7 @@ def test_semantic_vad_second_look_on_the_stage(asr_stage, turn_scores) -> None:
     if any(look == 1 and w in ("can_end", "question") and ms == auto.unsure_silence_ms for look, _, w, ms in looks):
         second = [v for v in of(events, "turn.scored") if v["look"] == 2]
         assert second and second[-1]["complete"], looks
-        if second[-1]["end_silence_ms"] == tdm.SECOND_LOOK_MS:
+        if second[-1]["end_silence_ms"] == turn_rule.SECOND_LOOK_MS:
             assert after < auto.unsure_silence_ms + 800, (after, looks)  # the second look's end, with a loaded machine's score
 
 
@@ -447,7 +510,7 @@ def test_semantic_vad_rates_on_the_turn_set(turn_scores) -> None:
     assert early >= 0.7 * both["endings_complete"] and both["ended_second_look_complete"] >= 1, both
     first = rates(turn_scores, "auto", second=False)
     assert both["false_end_hesitant"][0] <= first["false_end_hesitant"][0] + 1, (both, first)
-    assert both["end_silence_ms"]["p95"] <= tdm.EAGERNESS_SETTINGS["auto"].unsure_silence_ms, both  # nobody waits 4 s
+    assert both["end_silence_ms"]["p95"] <= turn_rule.EAGERNESS_SETTINGS["auto"].unsure_silence_ms, both  # nobody waits 4 s
     d = distributions(turn_scores)
     assert d["complete: end"]["words"]["open"] <= 2, d  # a finished utterance rarely ends in "for"/"the"/"um"
     assert d["complete: end"]["words"]["guess"] <= 0.1 * d["complete: end"]["n"], d  # measured 3/132

@@ -173,7 +173,7 @@ class TurnScored(AsrEvent):
     complete: bool
     silence_ms: float  # the pause so far when the verdict came
     score_ms: float
-    words: str = "empty"  # the speculative transcript's cue (omni_rt.contracts.turn_detection.words_cue)
+    words: str = "empty"  # the speculative transcript's cue (omni_rt.stages.asr.turn_rule.words_cue)
     end_silence_ms: int = 0
     queue_ms: float = 0.0  # how long the Smart Turn score waited for its thread (score_ms: computing)
     look: int = 1  # 2: the second look (Smart Turn again at SECOND_LOOK_MS of silence after an unsure verdict)

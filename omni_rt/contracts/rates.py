@@ -9,5 +9,5 @@ PIPELINE_OUTPUT_RATE = 24000  # what the vocoder stage emits (the Realtime proto
 
 # A lower bound on how long a word takes to say (Piper's voices and Orpheus speak ~150-170 words a minute, 0.35-0.4
 # s a word): how far an answer's text runs ahead of its playback, estimated so that it errs early (the talker's
-# clause due times, omni_rt.stages.clause_stream; the llama.cpp thinker's pacing, omni_rt.engine.llama_cpp.decode_pacing)
+# clause due times, omni_rt.stages.talker.clause_stream; the llama.cpp thinker's pacing, omni_rt.engine.llama_cpp.decode_pacing)
 SPEECH_S_PER_WORD = 0.3

@@ -1,32 +1,7 @@
-"""Turn-detection config: the one owner of ``session.audio.input.turn_detection`` (GA ``server_vad`` /
-``semantic_vad``), its defaults, its validation, the ``semantic_vad`` rule and every number it uses.
+"""The ``turn_detection`` wire config (``session.audio.input.turn_detection``, GA ``server_vad`` / ``semantic_vad``):
+its fields, defaults and validation, and what ``session.created`` / ``session.updated`` echo.
 
 Why here, in the shared vocabulary: the protocol layer parses it once into a ``TurnDetectionConfig`` and echoes
-it, the session reads its flags, the ASR stage executes it; all must agree on the defaults and on what
-``eagerness`` means, so all take the same typed value from this module.
-
-``semantic_vad`` decides from sound and words. Silero finds pauses; at ``SCORE_AFTER_MS`` of silence the ASR
-stage starts two things on the turn so far, side by side (one after the other for a session alone on the server,
-the words first: ``omni_rt.stages.asr.AsrWorker._words_first``): Smart Turn's audio score and the speculative Whisper
-decode (the transcript the answer is prefilled from anyway), which also reports Whisper's probability of the
-transcript's last word. The words give a *cue* (``words_cue``):
-
-* ``open``: the transcript ends in a filler, a conjunction, an article/determiner, a preposition or an
-  auxiliary ("um", "and", "the", "for", "is"), or in "..." / "," / "-": the sentence cannot end here;
-* ``lead_in``: nothing but a greeting or interjection ("Hi there.", "Hello?", "So"): people go on after it;
-* ``asked_open``: it ends in "?" on an auxiliary or a preposition and Whisper is sure of that word ("what time
-  it is?", "where are you from?"): often a finished question, but Whisper also puts "?" on a fragment ("the
-  time in?", "the capital of?"), so it waits the unsure silence (at least 1 s, longer than the hesitation
-  pauses of the labelled set) rather than the maximum, with no second look;
-* ``guess``: it could end, but Whisper's last word has p < ``GUESSED_WORD_BELOW`` (0.5): at a pause after a
-  clause that cannot end, Whisper often invents a closing word ("park or" -> "parkour.", "to" -> "to you.");
-* ``question``: it ends in "?" and Whisper is sure of the last word (p >= ``SURE_WORD_FROM``, 0.8);
-* ``can_end``: anything else (a sentence that could be finished);
-* ``empty``: Whisper heard no words (a cough, a breath): the audio alone decides.
-
-The verdict (``Eagerness.end_silence_ms``) is then a silence to wait:
-
-==========  =============================================  ===========================================
 words       audio (Smart Turn)                             the turn ends after
 ==========  =============================================  ===========================================
 not in yet  any                                            ``max_silence_ms`` (no turn ends unheard)
@@ -112,11 +87,14 @@ utterances in 3 Piper voices, 229 pauses; ``python -m latency_bench turns --stag
 The audio is scored at ``SCORE_AFTER_MS`` = 120 ms of silence (about four 32 ms Silero frames: shorter gaps are
 the stops inside words; counted from the sound's end, ``TurnDetection.silence_from_sound_end``); with Smart Turn's ~30 ms and Whisper's ~100 ms (idle, 2 cores) the verdict is in by
 ~230 ms of silence, so the "sure" end comes at max(200 ms, the verdict).
+=======
+it, the session reads its flags and hands it to the audio-in stage (``omni_rt.contracts.audio_in``), and the ASR
+stage runs it; all take the same typed value from this module. What ``eagerness`` and the VAD numbers *do* (the
+turn rule) is the ASR stage's: ``omni_rt.stages.asr.turn_rule``.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,98 +102,6 @@ PARAM = "session.audio.input.turn_detection"
 EAGERNESS = ("low", "medium", "high", "auto")
 SERVER_VAD_ONLY = ("threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms")
 IDLE_TIMEOUT_RANGE = (1000, 600_000)
-SCORE_AFTER_MS = 120
-SECOND_LOOK_MS = 300  # an unsure verdict on words that can end is scored again at this silence (``Eagerness.second_look``)
-SEMANTIC_PREFIX_PADDING_MS = 300
-SEMANTIC_THRESHOLD = 0.5  # Silero's speech threshold under semantic_vad (the GA field is server_vad-only)
-
-# ---- the words' cue
-FILLERS = frozenset("um umm uh uhm uhh er erm ah hmm mm mhm".split())
-OPEN_WORDS = frozenset((
-    "and or but so because if that then when while than whether "  # conjunctions
-    "a an the my your his her our their its this these those some any every "  # articles, determiners
-    "for to of in on at with from about by into between like as "  # prepositions
-    "is are was were am be does do did can could would will should shall must").split()) | FILLERS  # auxiliaries
-LEAD_IN_WORDS = frozenset("hi hello hey there good morning afternoon evening so well okay ok oh".split())
-OPEN_ENDINGS = ("...", "\u2026", ",", "-")
-GUESSED_WORD_BELOW = 0.5  # Whisper's probability of the last word under which it is a guess (cue ``guess``)
-SURE_WORD_FROM = 0.8  # ... from which Whisper is sure of it: a "?" is a question (cue), an unsure verdict gets a second look
-# a sure "?" on an auxiliary or a preposition waits at least this: with high's 600 ms it cut 22/60 noisy
-# hesitations (the set's pauses last 500-900 ms) against 12/60 before the cue existed
-ASKED_OPEN_SILENCE_MS = 1000
-WORDS_CUES = ("open", "lead_in", "asked_open", "guess", "question", "can_end", "empty")
-_WORD = re.compile(r"[a-z']+")
-
-
-def words_cue(text: str, last_word_prob: float | None = None) -> str:
-    """What the speculative transcript says about the turn's end (one of ``WORDS_CUES``); ``last_word_prob``:
-    Whisper's probability of the last word (None: not known, so neither ``guess`` nor ``question``)."""
-    t = text.strip().lower()
-    words = _WORD.findall(t)
-    if not words:
-        return "empty"
-    asked = last_word_prob is not None and last_word_prob >= SURE_WORD_FROM and t.endswith("?")
-    if t.endswith(OPEN_ENDINGS) or words[-1] in FILLERS:
-        return "open"
-    if words[-1] in OPEN_WORDS:
-        return "asked_open" if asked else "open"
-    if all(w in LEAD_IN_WORDS for w in words):
-        return "lead_in"
-    if last_word_prob is not None and last_word_prob < GUESSED_WORD_BELOW:
-        return "guess"
-    if asked:
-        return "question"
-    return "can_end"
-
-
-@dataclass(frozen=True)
-class Eagerness:
-    """How sure the turn model must be, and how long to wait when it is and when it is not."""
-
-    sure_threshold: float
-    complete_silence_ms: int
-    complete_threshold: float  # audio-only "unsure" threshold (no words), and the least a "question" needs to be sure
-    unsure_silence_ms: int
-    max_silence_ms: int
-    second_look: bool = True  # re-score an unsure pause whose words can end at SECOND_LOOK_MS; sure then: end there
-
-    def end_silence_ms(self, prob: float | None, cue: str | None, second: float | None = None) -> int:
-        """Silence after which the turn ends, given this pause's audio score and words cue (None: not in yet) and
-        the second look's audio score (None: not taken or not in yet)."""
-        if prob is None or cue is None or cue == "open":
-            return self.max_silence_ms
-        if cue == "asked_open":
-            return max(self.unsure_silence_ms, ASKED_OPEN_SILENCE_MS)
-        if cue in ("lead_in", "guess"):
-            return self.unsure_silence_ms
-        if self._sure(prob, cue):
-            return self.complete_silence_ms
-        if cue != "empty":  # can_end or question, unsure: the second look may still make it sure
-            return SECOND_LOOK_MS if self.second_look and second is not None and second >= self.sure_threshold else self.unsure_silence_ms
-        return self.unsure_silence_ms if prob >= self.complete_threshold else self.max_silence_ms
-
-    def ends_whatever_the_sound(self, cue: str | None) -> bool:
-        """The words alone already say the turn ends before ``max_silence_ms``, whatever Smart Turn scores (it only
-        picks the silence): every cue but ``open`` (holds the turn) and ``empty`` (the audio alone decides)."""
-        return cue is not None and cue not in ("open", "empty")
-
-    def _sure(self, prob: float, cue: str) -> bool:
-        return prob >= self.sure_threshold or cue == "question" and prob >= self.complete_threshold
-
-    def wants_second_look(self, prob: float | None, cue: str | None, last_word_prob: float | None) -> bool:
-        """The first verdict is unsure although the words can end and Whisper is sure of the last word (>=
-        ``SURE_WORD_FROM``): Smart Turn scores it again at SECOND_LOOK_MS. (A ``second`` score passed to
-        ``end_silence_ms`` is one taken because this said so.)"""
-        return (self.second_look and prob is not None and cue in ("can_end", "question") and not self._sure(prob, cue)
-                and last_word_prob is not None and last_word_prob >= SURE_WORD_FROM)
-
-
-EAGERNESS_SETTINGS: dict[str, Eagerness] = {
-    "low": Eagerness(0.9, 400, 0.7, 1500, 8000, second_look=False),
-    "medium": Eagerness(0.85, 200, 0.5, 1000, 4000),
-    "high": Eagerness(0.7, 150, 0.3, 600, 2000),
-}
-EAGERNESS_SETTINGS["auto"] = EAGERNESS_SETTINGS["medium"]
 
 
 class TurnDetectionError(ValueError):
@@ -303,42 +189,3 @@ class TurnDetectionConfig:
 
 
 SERVER_VAD = TurnDetectionConfig()
-
-
-@dataclass(frozen=True)
-class TurnDetection:
-    """The ASR stage's view: VAD numbers, plus the turn model's rule under ``semantic_vad``.
-
-    ``enabled=False`` means the client commits turns itself. Under ``semantic_vad`` the VAD's
-    ``silence_duration_ms`` is the eagerness' max silence, so a turn the model calls incomplete still ends.
-    ``silence_from_sound_end``: a pause counts from where the sound ended, not from Silero's last speech frame
-    (``omni_rt.backends.vad.ENERGY_END_RATIO``). Off under ``semantic_vad`` for the verdict's silences: every one
-    of them was measured from Silero's frames, and counting them from the sound instead made the labelled set's
-    inner comma pauses outlast the 200 ms sure silence (auto: complete utterances cut mid-way 4/72 instead of
-    1/72, hesitations 2/60 instead of 1/60; ``omni_rt.testing.turn_scores``, 2026-12-03). Its score point
-    (``SCORE_AFTER_MS``: Smart Turn and the speculative decode) does count from the sound's end, ~90 ms sooner,
-    so the transcript the held answer starts from comes that much sooner (live semantic V2V p50 908 -> 756 ms,
-    README "Turn taking"). Auto, before -> after (``omni_rt.testing.turn_scores``; ``--score-from-silero`` gives
-    before): hesitations cut 1/60 -> 0/60 (held out 2/24 -> 1/24, room noise 3/60 -> 2/60), complete cut mid-way
-    1/72 -> 1/72, endings at the sure silence 72/130 + 17 at the second look -> 68/131 + 20.
-    """
-
-    enabled: bool = True
-    threshold: float = 0.5
-    prefix_padding_ms: int = 300
-    silence_duration_ms: int = 500
-    semantic: Eagerness | None = None
-    idle_timeout_ms: int | None = None
-    silence_from_sound_end: bool = True
-
-    @classmethod
-    def from_config(cls, cfg: TurnDetectionConfig | None) -> "TurnDetection":
-        if cfg is None:
-            return cls(enabled=False)
-        if cfg.semantic:
-            eager = EAGERNESS_SETTINGS[cfg.eagerness]
-            return cls(threshold=SEMANTIC_THRESHOLD, prefix_padding_ms=SEMANTIC_PREFIX_PADDING_MS,
-                       silence_duration_ms=eager.max_silence_ms, semantic=eager, silence_from_sound_end=False)
-        return cls(threshold=float(cfg.threshold), prefix_padding_ms=cfg.prefix_padding_ms,
-                   silence_duration_ms=cfg.silence_duration_ms, idle_timeout_ms=cfg.idle_timeout_ms)
-

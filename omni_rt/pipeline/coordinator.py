@@ -2,7 +2,9 @@
 
 Requests: ``submit`` awaits the final result; ``stream`` yields ``StreamItem``s (client-visible chunks from
 any stage marked ``client_stream`` and from terminal stages) and ends with the final ``ResultItem``.
-Sessions: ``open_session`` registers a listener for the session stage's events, ``append`` feeds it.
+Sessions: ``open_session`` registers a listener for the session stage's events, ``append`` feeds it. A typed op
+(``omni_rt.contracts.audio_in``) reaches the stage as it is, and the listener gets typed events only: the stage's
+own, and an error on the session as ``AsrError`` (``omni_rt.contracts.payloads``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
+from omni_rt.contracts.audio_in import OpenAudioIn, SessionOp
+from omni_rt.contracts.payloads import AsrError
 from omni_rt.pipeline.config import ConfigError, PipelineConfig, StageConfig, resolve_callable
 from omni_rt.pipeline.messages import StageTiming
 from omni_rt.pipeline.stage import Routing, Stage
@@ -57,7 +61,7 @@ class _Request:
     timings: dict[str, StageTiming] = field(default_factory=dict)
 
 
-EventListener = Callable[[str, dict[str, Any]], None]
+EventListener = Callable[[str, Any], None]
 
 
 def compile_routing(st: StageConfig) -> Routing:
@@ -234,7 +238,7 @@ class Coordinator:
         """A stage failed ``request_id``. Returns True when that ends the request (False for session ops)."""
         listener = self._listeners.get(request_id)
         if listener is not None:
-            listener(stage, {"type": "error", "code": code, "message": message})
+            listener(stage, AsrError(0, code, message))
             return False
         log.warning("request %s failed in stage %s: %s", request_id, stage, message)
         if request_id in self._requests:
@@ -243,23 +247,25 @@ class Coordinator:
             self._finish(request_id, PipelineError(stage, message, code))
         return True
 
-    def on_event(self, stage: str, session_id: str, event: dict[str, Any]) -> None:
+    def on_event(self, stage: str, session_id: str, event: Any) -> None:
         listener = self._listeners.get(session_id)
         if listener is not None:
             listener(stage, event)
 
     # ---- sessions --------------------------------------------------------------------------------
-    def open_session(self, session_id: str, stage: str, params: dict[str, Any], listener: EventListener) -> None:
-        """Open per-session state in a session stage; its events go to ``listener(stage, event)``."""
+    def open_session(self, session_id: str, stage: str, params: OpenAudioIn | dict[str, Any], listener: EventListener) -> None:
+        """Open per-session state in a session stage; its events go to ``listener(stage, event)``. ``params``: the
+        typed open op, delivered as it is, or (a stage without typed ops) the params of an ``open`` op."""
         if session_id in self._listeners:
             raise ValueError(f"session '{session_id}' is already open")
         self._listeners[session_id] = listener
         st = self.stages[stage]
         st.forget_abort(session_id)
-        st.deliver_payload(session_id, {"op": "open", "params": params}, None)
+        st.deliver_payload(session_id, params if isinstance(params, SessionOp) else {"op": "open", "params": params}, None)
 
-    def session_control(self, session_id: str, stage: str, op: str, **data: Any) -> None:
-        self.stages[stage].deliver_payload(session_id, {"op": op, **data}, None)
+    def session_control(self, session_id: str, stage: str, op: SessionOp | str, **data: Any) -> None:
+        """A typed op, delivered as it is, or (a stage without typed ops) an op name and its data."""
+        self.stages[stage].deliver_payload(session_id, op if isinstance(op, SessionOp) else {"op": op, **data}, None)
 
     def append(self, session_id: str, stage: str, data: Any) -> None:
         self.stages[stage].deliver_stream(session_id, data, "client")

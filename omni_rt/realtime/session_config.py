@@ -15,6 +15,7 @@ from typing import Any
 from omni_rt.audio.formats import FORMAT_RATES, parse_audio_format
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.contracts import turn_detection
+from omni_rt.contracts.audio_in import AudioInSettings
 from omni_rt.contracts.turn_detection import TurnDetectionConfig
 
 
@@ -369,8 +370,8 @@ class SessionConfig:
         """A realtime session whose turn detection answers each turn it ends (``create_response``)."""
         return self.session_type == "realtime" and self.turn_detection is not None and self.turn_detection.create_response
 
-    def asr_params(self) -> dict[str, Any]:
+    def audio_in_settings(self) -> AudioInSettings:
         """What the audio-in stage needs to know of this config. Partial transcripts are decoded for the
         client's transcription deltas, and for a session whose turns get answers: the words heard so far are
         the answer's prompt, which the thinker prefills while the user speaks (a prefill hint)."""
-        return {"turn_detection": self.turn_detection, "partials": self.transcription is not None or self.answers_turns}
+        return AudioInSettings(turn_detection=self.turn_detection, partials=self.transcription is not None or self.answers_turns)

@@ -2,36 +2,26 @@
 
 The session never calls the pipeline: it queues these, the driver (``omni_rt.transports.runner``) runs them
 in order after each input, and feeds what comes back (audio-in events, response outputs) into the session.
+The audio-in stage's ops (open, update, commit, clear, response done) are the contract types of
+``omni_rt.contracts.audio_in``: the driver hands them to the stage as they are.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from omni_rt.contracts.audio_in import AudioInSettings, ClearAudioIn, CommitAudioIn, OpenAudioIn, ResponseDone, SessionOp, UpdateAudioIn
 
-@dataclass(slots=True)
-class OpenAudioIn:
-    params: dict[str, Any]
-
-
-@dataclass(slots=True)
-class UpdateAudioIn:
-    params: dict[str, Any]
-    update_id: str  # the stage answers it: AudioInUpdated or AudioInUpdateRefused (omni_rt.contracts.payloads)
+__all__ = ["AbortResponse", "AppendAudio", "AudioInSettings", "ClearAudioIn", "CloseAudioIn", "CloseConnection", "Command",
+           "CommitAudioIn", "OpenAudioIn", "PrefillHint", "ResponseDone", "SessionOp", "StartResponse", "UpdateAudioIn"]
 
 
 @dataclass(slots=True)
 class AppendAudio:
     pcm: np.ndarray  # float32 at the pipeline input rate
-
-
-@dataclass(slots=True)
-class ControlAudioIn:
-    op: str  # commit | clear | response_done (idle_timeout_ms counts from the end of the answer's playback)
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -61,5 +51,5 @@ class CloseConnection:
     reason: str
 
 
-Command = (OpenAudioIn | UpdateAudioIn | AppendAudio | ControlAudioIn | CloseAudioIn | StartResponse | PrefillHint | AbortResponse
-           | CloseConnection)
+Command = (OpenAudioIn | UpdateAudioIn | CommitAudioIn | ClearAudioIn | ResponseDone | AppendAudio | CloseAudioIn | StartResponse
+           | PrefillHint | AbortResponse | CloseConnection)

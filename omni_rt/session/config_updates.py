@@ -2,7 +2,7 @@
 once, here, at once (the client's next events already see it), and confirmed by ``session.updated`` once the
 audio-in stage holds its part of it.
 
-The stage owns two fields (``SessionConfig.asr_params``: turn detection, and transcription's partials) and may
+The stage owns two fields (``SessionConfig.audio_in_settings``: turn detection, and transcription's partials) and may
 refuse them after validation (``semantic_vad`` without its turn model). An update that changes them sends
 ``UpdateAudioIn`` with an id, and its ``session.updated`` waits for the stage's answer (``AudioInUpdated`` or
 ``AudioInUpdateRefused``, a few ms); later confirmations queue behind it so they go out in order. A refusal
@@ -29,26 +29,26 @@ class ConfigUpdates:
         self.config = config
         self._send, self._send_error, self._commands = send, send_error, commands
         self._held_by_stage = config  # the config whose audio-in part the stage holds (opened with it)
-        self._sent = config.asr_params()  # the audio-in part last sent to the stage
+        self._sent = config.audio_in_settings()  # the audio-in part last sent to the stage
         self._in_flight: dict[str, SessionConfig] = {}  # update id -> the config it carried
         self._last_sent: str | None = None
         self._waiting: deque[str | None] = deque()  # per session.update: the update id its confirmation awaits
         self._answered: set[str] = set()
 
-    def open_params(self) -> dict[str, Any]:
-        """The audio-in part to open the stage's session with."""
-        self._held_by_stage, self._sent = self.config, self.config.asr_params()
-        return self._sent
+    def open_op(self) -> cmd.OpenAudioIn:
+        """The op that opens the stage's session with the audio-in part of the config."""
+        self._held_by_stage, self._sent = self.config, self.config.audio_in_settings()
+        return cmd.OpenAudioIn(self._sent)
 
     def apply(self, config: SessionConfig) -> None:
         """A validated ``session.update``: in force now; its ``session.updated`` once the stage holds it."""
         self.config = config
-        params = config.asr_params()
+        settings = config.audio_in_settings()
         update_id = None
-        if params != self._sent:
+        if settings != self._sent:
             update_id = new_id("upd")
-            self._sent, self._last_sent, self._in_flight[update_id] = params, update_id, config
-            self._commands.append(cmd.UpdateAudioIn(params, update_id))
+            self._sent, self._last_sent, self._in_flight[update_id] = settings, update_id, config
+            self._commands.append(cmd.UpdateAudioIn(settings, update_id))
         self._waiting.append(update_id)
         self._confirm()
 
@@ -73,7 +73,7 @@ class ConfigUpdates:
         if ev.update_id == self._last_sent:  # no later change is on its way: the stage's fields go back
             cfg = self.config.copy()
             cfg.turn_detection, cfg.transcription = held.turn_detection, held.transcription
-            self.config, self._sent, self._last_sent = cfg, cfg.asr_params(), None
+            self.config, self._sent, self._last_sent = cfg, cfg.audio_in_settings(), None
 
     def _confirm(self) -> None:
         while self._waiting and (self._waiting[0] is None or self._waiting[0] in self._answered):

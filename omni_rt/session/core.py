@@ -87,7 +87,7 @@ class RealtimeSession:
             "session.update": lambda e: self.apply_config(h.session_update(e, self.config, limits)),
             "input_audio_buffer.append": lambda e: self.append_audio(h.input_audio_append(e)),
             "input_audio_buffer.commit": lambda e: self.turn_taking.commit(h.input_audio_commit(e)),
-            "input_audio_buffer.clear": lambda e: self._commands.append(cmd.ControlAudioIn("clear")),
+            "input_audio_buffer.clear": lambda e: self._commands.append(cmd.ClearAudioIn()),
             "conversation.item.create": lambda e: h.item_create(e, conv, limits, send),
             "conversation.item.delete": lambda e: h.item_delete(e, conv, send),
             "conversation.item.retrieve": lambda e: h.item_retrieve(e, conv, send),
@@ -145,7 +145,7 @@ class RealtimeSession:
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     def open(self) -> None:
-        self._commands.append(cmd.OpenAudioIn(self.config_updates.open_params()))
+        self._commands.append(self.config_updates.open_op())
         self.send({"type": "session.created", "session": self.config.render(self.id)})
 
     def _overflow(self) -> None:

@@ -299,7 +299,7 @@ class ResponseLifecycle:
         if state is ResponseState.DONE and resp.in_conversation and not resp.calls and self._config().answers_turns:
             self.hint_next_prompt(self._config(), "")  # the user's next turn answers this: its prefix is known now
         if td is not None and td.idle_timeout_ms:  # the idle clock restarts after its playback
-            self._commands.append(cmd.ControlAudioIn("response_done", {"audio_ms": resp.item.audio_ms}))
+            self._commands.append(cmd.ResponseDone(resp.item.audio_ms))
 
     def _message_done(self, resp: Response, state: ResponseState) -> None:
         """The done events of the response's message item."""

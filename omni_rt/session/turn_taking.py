@@ -33,7 +33,7 @@ class TurnTaking:
     def commit(self, event_id: str | None) -> None:
         """A client's ``input_audio_buffer.commit``: an empty-buffer error from the stage names its event id."""
         self.turns.commit_event_ids.append(event_id)
-        self._commands.append(cmd.ControlAudioIn("commit"))
+        self._commands.append(cmd.CommitAudioIn())
 
     def discard_held(self, turn: Turn) -> None:
         held, turn.held = turn.held, None

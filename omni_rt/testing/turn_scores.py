@@ -3,7 +3,7 @@
 Each spoken item is fed through Silero in 20 ms chunks, as the ASR stage is; at every pause that reaches
 ``SCORE_AFTER_MS`` of silence the turn audio the stage would hold then (prefix padding + speech + the pause so
 far) is scored by Smart Turn and transcribed by Whisper, exactly the two inputs of the stage's verdict. What the
-verdict then does (``omni_rt.contracts.turn_detection``) is pure arithmetic on these records, so tests and the
+verdict then does (``omni_rt.stages.asr.turn_rule``) is pure arithmetic on these records, so tests and the
 bench can assert rates per eagerness without 100 server round trips. The printed table: ``python -m latency_bench
 turns --stage-level``.
 """
@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from omni_rt.contracts import turn_detection as tdm
+from omni_rt.stages.asr import turn_rule as tdm
 from omni_rt.testing.turn_set import SR, Spoken
 
 CHUNK = SR // 50
@@ -179,7 +179,7 @@ def distributions(scores: list[PauseScore]) -> dict[str, Any]:
 def thinker_end_of_turn(texts: list[str]) -> list[float]:
     """The CPU thinker's (SmolLM2-135M-Instruct) probability of its end-of-turn token ``<|im_end|>`` right after
     each transcript as a user message: the text cue LiveKit's turn detector uses (with a model trained for it).
-    Measured here, not used by the stage (see ``omni_rt.contracts.turn_detection``)."""
+    Measured here, not used by the stage (see ``omni_rt.stages.asr.turn_rule``)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

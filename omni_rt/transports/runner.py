@@ -17,7 +17,7 @@ from omni_rt.pipeline.coordinator import PipelineError, ResultItem, StreamItem
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.session import commands as cmd
 from omni_rt.session.core import RealtimeSession
-from omni_rt.contracts.payloads import AsrError, AsrEvent, AudioInUpdated, AudioInUpdateRefused, SessionExpired
+from omni_rt.contracts.payloads import AsrEvent
 
 if TYPE_CHECKING:
     from omni_rt.transports.host import TransportHost
@@ -59,21 +59,10 @@ class SessionRunner:
         self.session.send_error(exc)
         self._pump()
 
-    def _on_audio_in(self, stage: str, event: Any) -> None:
-        """Listener for the audio-in stage: its typed events, and the generic session scheduler's dicts (an
-        error, an expiry, the reply to an acknowledged ``update``)."""
-        kind = event.get("type") if isinstance(event, dict) else None
-        if isinstance(event, AsrEvent):
-            self.session.receive_asr(event)
-        elif kind == "error":
-            self.session.receive_asr(AsrError(0, str(event.get("code", "server_error")), str(event.get("message", "audio-in error"))))
-        elif kind == "session.expired":
-            self.session.receive_asr(SessionExpired(0, float(event.get("idle_s", 0))))
-        elif kind == "session.op_done":
-            self.session.receive_asr(AudioInUpdated(0, str(event.get("ack"))))
-        elif kind == "session.op_failed":
-            self.session.receive_asr(AudioInUpdateRefused(0, str(event.get("ack")), str(event.get("code", "stage_error")),
-                                                          str(event.get("message", "audio-in error"))))
+    def _on_audio_in(self, stage: str, event: AsrEvent) -> None:
+        """Listener for the audio-in stage: every event is typed (``omni_rt.contracts.payloads``: the stage's
+        events, its replies to acknowledged ops, an error, an expiry) and goes to the session as it is."""
+        self.session.receive_asr(event)
         self._pump()
 
     def request_close(self, code: int, reason: str) -> None:
@@ -119,12 +108,10 @@ class SessionRunner:
                 coord.abort(c.response_id)
                 if task is not None:
                     task.cancel()
-            elif isinstance(c, cmd.ControlAudioIn):
-                coord.session_control(sid, self.audio_in, c.op, **c.data)
-            elif isinstance(c, cmd.UpdateAudioIn):
-                coord.session_control(sid, self.audio_in, "update", params=c.params, ack=c.update_id)
             elif isinstance(c, cmd.OpenAudioIn):
-                coord.open_session(sid, self.audio_in, c.params, self._on_audio_in)
+                coord.open_session(sid, self.audio_in, c, self._on_audio_in)
+            elif isinstance(c, cmd.SessionOp):  # update, commit, clear, response done: to the stage as they are
+                coord.session_control(sid, self.audio_in, c)
             elif isinstance(c, cmd.CloseAudioIn):
                 coord.close_session(sid)
             elif isinstance(c, cmd.CloseConnection):

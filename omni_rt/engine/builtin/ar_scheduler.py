@@ -26,7 +26,7 @@ remote and llama.cpp schedulers): a session keeps at most its share of the KV (`
 slots, or ``history_tokens``), the oldest turns dropped in big steps so the kept prefix — and its cached KV —
 stays the same for several turns.
 
-As a ``stream_to`` target (the codec LM after ``omni_rt.stages.speech_prompts``) each stream chunk is a
+As a ``stream_to`` target (the codec LM after ``omni_rt.stages.talker.speech_prompts``) each stream chunk is a
 ``SpeechPrompt``: a request of its own, run in order per response and batched with everything else
 (``omni_rt.engine.builtin.segments``); the tokens of ``output: tokens`` requests leave as ``TokenDelta``.
 

@@ -2,7 +2,7 @@
 chunks from an upstream stage's ``stream_to``), each generated as a request of its own.
 
 Why here and not in the talker: the codec LM is a normal AR stage, batched with every other session's codec
-requests by the same scheduler, and the stage before it (``omni_rt.stages.speech_prompts``) only turns text
+requests by the same scheduler, and the stage before it (``omni_rt.stages.talker.speech_prompts``) only turns text
 into prompts. This module is the bookkeeping between them: a response's segments run one after another (audio
 must leave in order), their tokens stream out under the response's id, and the response's result follows the
 last segment once its payload and every stream source's ``stream_done`` have arrived — the same completion rule

@@ -75,7 +75,7 @@ FAVOUR = 100.0
 # factories whose random weights need a known model and backend; any other factory with an explicit
 # ``random_init`` parameter (the SNAC vocoder's, a stage added to the preset later) takes it as it is
 LM_FACTORIES = ("omni_rt.engine.factory:create_ar_scheduler",)
-ASR_FACTORY = "omni_rt.stages.asr:create_asr_stage"
+ASR_FACTORY = "omni_rt.stages.asr.factory:create_asr_stage"
 
 
 def model_config(model_id: str, size: Size = "full") -> dict[str, Any]:

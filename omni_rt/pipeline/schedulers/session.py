@@ -1,11 +1,13 @@
 """SessionScheduler: per-session state that lives across requests (turns), with limits.
 
 A session maps onto the four incoming message kinds so the stage shell needs nothing special:
-``new_request`` with ``{"op": "open", ...}`` opens it (other ops such as ``commit``/``clear``/``update``
-act on an open session), ``stream_chunk`` appends (audio), ``stream_done`` closes, ``abort`` drops it.
-Session-level happenings leave as ``event`` messages whose request id is the session id. An op whose data
-carries ``ack`` gets exactly one reply event, ``session.op_done`` or ``session.op_failed`` (the session's
-``update`` uses it, so ``session.updated`` follows what the stage accepted).
+``new_request`` with an ``open`` op opens it (other ops such as ``commit``/``clear``/``update`` act on an open
+session), ``stream_chunk`` appends (audio), ``stream_done`` closes, ``abort`` drops it. An op is a typed
+``SessionOp`` (``omni_rt.contracts.audio_in``: the audio-in stage's) or, for a stage without typed ops, a dict
+``{"op": name, ...}``. Session-level happenings leave as ``event`` messages whose request id is the session id;
+an idle session's end is ``SessionExpired``. A typed op with an ``ack`` gets exactly one reply event, the op's
+own ``done()`` or ``failed(code, message)`` (the session's ``update`` uses it, so ``session.updated`` follows
+what the stage accepted).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni_rt.contracts.audio_in import SessionOp
+from omni_rt.contracts.payloads import SessionExpired
 from omni_rt.pipeline.messages import IncomingMessage
 from omni_rt.pipeline.schedulers.base import ThreadedScheduler
 
@@ -28,7 +32,7 @@ class SessionLimitError(RuntimeError):
 @dataclass
 class Session:
     session_id: str
-    params: dict[str, Any]
+    params: Any  # the typed open op (a SessionOp), or the params dict of an untyped one
     state: dict[str, Any] = field(default_factory=dict)
     buffered_bytes: int = 0
     last_activity: float = field(default_factory=time.monotonic)
@@ -39,7 +43,7 @@ class SessionScheduler(ThreadedScheduler):
 
     Limits: ``max_sessions`` (opening one more fails with code ``session_limit``), ``max_buffered_bytes``
     per session (an append beyond it fails with ``buffer_full`` and is not applied), ``idle_timeout_s``
-    (a session with no traffic for that long is closed with an ``event`` {"type": "session.expired"}).
+    (a session with no traffic for that long is closed with an ``event`` ``SessionExpired``).
     """
 
     accepts_streams = True
@@ -63,7 +67,8 @@ class SessionScheduler(ThreadedScheduler):
 
     def on_append(self, session: Session, data: Any) -> None: ...
 
-    def on_control(self, session: Session, op: str, data: dict[str, Any]) -> None:
+    def on_control(self, session: Session, op: str, data: Any) -> None:
+        """``op``: the op's name; ``data``: the typed op itself, or an untyped op's dict."""
         raise ValueError(f"unknown session op '{op}'")
 
     def on_close(self, session: Session) -> None: ...
@@ -114,10 +119,10 @@ class SessionScheduler(ThreadedScheduler):
                 self.emit_error(sid, exc)
         return False
 
-    def _acknowledged(self, sid: str, sess: Session | None, op: str, data: dict[str, Any]) -> None:
-        """An op whose data carries ``ack``: exactly one reply event, ``session.op_done`` once ``on_control``
-        returned, or ``session.op_failed`` (code, message) instead of an ``error`` when it raised (the hook
-        raises before changing anything, so the session's previous state stands)."""
+    def _acknowledged(self, sid: str, sess: Session | None, op: str, data: SessionOp) -> None:
+        """A typed op with an ``ack``: exactly one reply event, ``data.done()`` once ``on_control`` returned, or
+        ``data.failed(code, message)`` instead of an ``error`` when it raised (the hook raises before changing
+        anything, so the session's previous state stands)."""
         try:
             if sess is None:
                 raise SessionLimitError("session_not_found", f"session '{sid}' is not open (op '{op}')")
@@ -126,16 +131,16 @@ class SessionScheduler(ThreadedScheduler):
         except Exception as exc:  # noqa: BLE001 - a failing session op fails only that op
             code = exc.code if isinstance(exc, SessionLimitError) else "stage_error"
             message = str(exc) if isinstance(exc, SessionLimitError) else f"{type(exc).__name__}: {exc}"
-            self.emit(sid, "event", {"type": "session.op_failed", "ack": data["ack"], "code": code, "message": f"{self.name}: {message}"})
+            self.emit(sid, "event", data.failed(code, f"{self.name}: {message}"))
         else:
-            self.emit(sid, "event", {"type": "session.op_done", "ack": data["ack"]})
+            self.emit(sid, "event", data.done())
 
     def _expire_idle(self, now: float) -> None:
         for sid, sess in list(self.sessions.items()):
             if now - sess.last_activity > self.idle_timeout_s:
                 self.sessions.pop(sid, None)
                 self._safe(sid, self.on_close, sess)
-                self.emit(sid, "event", {"type": "session.expired", "idle_s": round(now - sess.last_activity, 1)})
+                self.emit(sid, "event", SessionExpired(0, round(now - sess.last_activity, 1)))
 
     def _handle(self, msg: IncomingMessage) -> None:
         sid = msg.request_id
@@ -149,7 +154,8 @@ class SessionScheduler(ThreadedScheduler):
         sess = self.sessions.get(sid)
         if msg.type == "new_request":
             data = msg.data or {}
-            op = data.get("op", "open")
+            typed = isinstance(data, SessionOp)
+            op = data.op if typed else data.get("op", "open")
             if op == "open":
                 if sess is not None:
                     self.emit_error(sid, f"session '{sid}' is already open", code="session_exists")
@@ -160,11 +166,11 @@ class SessionScheduler(ThreadedScheduler):
                         code="session_limit",
                     )
                     return
-                sess = Session(session_id=sid, params=dict(data.get("params") or {}))
+                sess = Session(session_id=sid, params=data if typed else dict(data.get("params") or {}))
                 if self._safe(sid, self.on_open, sess):
                     self.sessions[sid] = sess
                 return
-            if "ack" in data:
+            if typed and data.ack is not None:
                 self._acknowledged(sid, sess, op, data)
                 return
             if sess is None:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from omni_rt.pipeline.schedulers.streaming import StreamState
-from omni_rt.stages.clause_stream import ClauseStreamWorker, check_clause_order
+from omni_rt.stages.talker.clause_stream import ClauseStreamWorker, check_clause_order
 from omni_rt.contracts.payloads import Clause
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from omni_rt.backends.snac_codec import CODES_PER_FRAME
 from omni_rt.pipeline.schedulers.streaming import StreamState
-from omni_rt.stages.clause_stream import ClauseStreamWorker
+from omni_rt.stages.talker.clause_stream import ClauseStreamWorker
 from omni_rt.contracts.payloads import SpeechPrompt
 
 # Orpheus special tokens (Llama-3 tokenizer + added specials; audio codes start at ORPHEUS_CODE_OFFSET).

@@ -1,13 +1,14 @@
 """ASR stage: VAD + streaming Whisper on a SessionScheduler, one state per session across turns.
 
-Why one module of ~550 lines: ~50 of them are this docstring (why each timing is what it is), and the rest
+Why one module of ~530 lines: ~60 of them are this docstring (why each timing is what it is), and the rest
 is one per-session state machine (VAD -> speculative decode -> verdict -> turn end) that reads best in one
-class, ``AsrWorker``; its three components are already modules of their own (below).
+class, ``AsrWorker``; its components (below), its turn rule (``turn_rule``) and its factory (``factory``) are
+modules of their own beside it.
 
 Three components, each its own module, with ``AsrWorker`` wiring them to the session's ops and events:
 VAD segmentation (``turn_audio.TurnAudio``: the stream, Silero, the turn's audio), turn scoring for
 ``semantic_vad`` (``turn_scoring``: Smart Turn's score and the transcript's words -> the silence that ends the
-turn) and decoding (``asr_decoding.DecodeQueue``: one Whisper worker, fair across sessions, batched).
+turn) and decoding (``decoding.DecodeQueue``: one Whisper worker, fair across sessions, batched).
 
 Why decode during the silence: Whisper always encodes a 30 s window (~250 ms on 2 cores for tiny.en, whatever
 the audio length), so waiting for ``speech_stopped`` before decoding puts that whole cost on the critical path.
@@ -29,8 +30,8 @@ late ``speech_stopped`` is latency too) while a decode is in flight. Finished de
 inbox as ``_decoded`` ops, so all per-session state is still touched by one thread only. An ``epoch`` per
 session tells a decode that is still valid from one made stale by new speech.
 
-``semantic_vad`` (the rule and its numbers in ``omni_rt.contracts.turn_detection``): at each pause of
-``SCORE_AFTER_MS`` the Smart Turn model scores the turn so far (``omni_rt.stages.turn_scoring``, its own worker
+``semantic_vad`` (the rule and its numbers in ``omni_rt.stages.asr.turn_rule``): at each pause of
+``SCORE_AFTER_MS`` the Smart Turn model scores the turn so far (``omni_rt.stages.asr.turn_scoring``, its own worker
 thread) while the speculative Whisper decode of the same audio runs on the decode worker (started at that
 point); the verdict needs both, the sound and the words of that transcript. A session alone on the server
 decodes first (at ``SEMANTIC_DECODE_ALONE_AFTER_MS``) and scores once the words are in (``_words_first``).
@@ -46,15 +47,16 @@ the real turn's decode.
 end and the end of the last answer's playback (op ``response_done`` with the answer's ``audio_ms``), the stage
 emits ``timeout_triggered`` and commits the (silent) buffer as a turn.
 
-Fairness and batching: ``omni_rt.stages.asr_decoding``. A session may have ``max_queued_decodes``
+Fairness and batching: ``omni_rt.stages.asr.decoding``. A session may have ``max_queued_decodes``
 waiting; a commit beyond that is refused with ``input_audio_buffer_commit_busy`` and its audio stays in
 the buffer (nothing is lost: commit again once transcripts arrive). Every commit gets its own ``turn``
 number, carried by ``Committed`` and by the turn's ``TranscriptFinal``, so a session matches transcripts to
 turns by number, never by arrival.
 
-Session ops (``new_request`` data ``op``): ``open`` (params below), ``update`` (new params), ``commit``
-(end the turn now: manual turn taking), ``clear`` (drop buffered audio), ``response_done``. Appends are float32
-16 kHz arrays. Events out (``omni_rt.contracts.payloads``, each tagged with its turn number): ``SpeechStarted``,
+Session ops (``omni_rt.contracts.audio_in``, typed): ``OpenAudioIn`` and ``UpdateAudioIn`` (the session's
+``AudioInSettings``: turn detection and partials; an update is answered ``AudioInUpdated`` or
+``AudioInUpdateRefused``), ``CommitAudioIn`` (end the turn now: manual turn taking), ``ClearAudioIn`` (drop
+buffered audio), ``ResponseDone``. Appends are float32 16 kHz arrays. Events out (``omni_rt.contracts.payloads``, each tagged with its turn number): ``SpeechStarted``,
 ``SpeechStopped``, ``Committed``, ``Cleared``, ``TranscriptPartial``, ``TranscriptSpeculative``,
 ``SpeculationCancelled``, ``TranscriptFinal``, ``TurnScored``, ``TimeoutTriggered``.
 """
@@ -70,10 +72,12 @@ import numpy as np
 from omni_rt.pipeline.messages import IncomingMessage
 from omni_rt.pipeline.schedulers.session import Session, SessionLimitError, SessionScheduler
 from omni_rt.audio import PIPELINE_INPUT_RATE
-from omni_rt.contracts.turn_detection import SCORE_AFTER_MS, SECOND_LOOK_MS, SERVER_VAD, TurnDetection
-from omni_rt.stages.asr_decoding import DecodeJob, DecodeQueue, Transcriber
-from omni_rt.stages.turn_audio import TurnAudio
-from omni_rt.stages.turn_scoring import PauseVerdict, TurnScorer
+from omni_rt.contracts.audio_in import ClearAudioIn, CommitAudioIn, OpenAudioIn, ResponseDone, UpdateAudioIn
+from omni_rt.contracts.turn_detection import TurnDetectionConfig
+from omni_rt.stages.asr.decoding import DecodeJob, DecodeQueue, Transcriber
+from omni_rt.stages.asr.turn_audio import TurnAudio
+from omni_rt.stages.asr.turn_rule import SCORE_AFTER_MS, SECOND_LOOK_MS, TurnDetection
+from omni_rt.stages.asr.turn_scoring import PauseVerdict, TurnScorer
 from omni_rt.contracts.payloads import (
     Cleared,
     Committed,
@@ -87,16 +91,9 @@ from omni_rt.contracts.payloads import (
     TurnScored,
 )
 
-__all__ = ["AsrWorker", "TurnDetection", "create_asr_stage"]  # TurnDetection lives in omni_rt.session
+__all__ = ["AsrState", "AsrWorker"]
 
 SAMPLE_RATE = PIPELINE_INPUT_RATE
-GPU_MAX_BATCH = 8  # not measured on a GPU yet: batch rows are cheap next to Whisper's fixed-window encoder
-# faster-whisper tiny.en int8 on 2 cores shared with other jobs, 4 sessions committing at once (python -m
-# latency_bench stages asr-batch; the first commit runs alone, the rest queue): all four finals in 0.634 s with max_batch 2
-# vs 0.702 s one at a time (best of 7; mean commit->final 0.425 vs 0.433 s); earlier runs 0.92 vs 1.24 s and 0.85
-# vs 0.78 s. max_batch 4: the same 0.634 s but a worse mean (0.517 s): on CPU the encoder's cost grows with the
-# batch, so only the decoder's steps are shared. Two it is: ~10% more throughput, no worse mean latency.
-CPU_MAX_BATCH = 2
 # a partial decode starts only while the sound goes on (the first 2 Silero frames of a pause are a stop inside a
 # word as often as not): one started later still runs when the speculative decode is due, and delays it
 PARTIAL_IN_PAUSE_MS = 64
@@ -256,39 +253,41 @@ class AsrWorker(SessionScheduler):
         return int(samples * 1000 / SAMPLE_RATE)
 
     # ---- session hooks ---------------------------------------------------------------------------
-    def _turn_detection(self, params: dict[str, Any]) -> TurnDetection:
-        """``params["turn_detection"]``: the session's parsed ``TurnDetectionConfig`` (None: the client commits)."""
-        td = TurnDetection.from_config(params.get("turn_detection", SERVER_VAD))
+    def _turn_detection(self, cfg: TurnDetectionConfig | None) -> TurnDetection:
+        """``cfg``: the session's parsed ``turn_detection`` (None: the client commits)."""
+        td = TurnDetection.from_config(cfg)
         if td.semantic is not None:
             self.turn_model()  # load now: a missing model is an error at session.update, not mid-turn
         return td
 
     def on_open(self, session: Session) -> None:
+        op = session.params
+        if not isinstance(op, OpenAudioIn):
+            raise TypeError(f"the ASR stage opens a session with an OpenAudioIn op, not {type(op).__name__}")
         error: SessionLimitError | None = None
         try:
-            td = self._turn_detection(session.params)
+            td = self._turn_detection(op.settings.turn_detection)
         except SessionLimitError as exc:  # open the session anyway, with server_vad, and say why
             td, error = TurnDetection(), exc
-        session.state["asr"] = AsrState(td=td, seg=TurnAudio(self._new_vad(td), SAMPLE_RATE),
-                                        partials=bool(session.params.get("partials", True)))
+        session.state["asr"] = AsrState(td=td, seg=TurnAudio(self._new_vad(td), SAMPLE_RATE), partials=op.settings.partials)
         if error is not None:
             self.emit_error(session.session_id, str(error), code=error.code)
 
-    def on_control(self, session: Session, op: str, data: dict[str, Any]) -> None:
+    def on_control(self, session: Session, op: str, data: Any) -> None:
+        """``data``: a typed op (``omni_rt.contracts.audio_in``), or the dict of an internal ``_decoded`` /
+        ``_scored`` op that this stage's own workers post back to its inbox."""
         st = self._state(session)
-        if op == "update":
-            params = {**session.params, **(data.get("params") or {})}
-            td = self._turn_detection(params)  # raises before anything changes
-            session.params = params
+        if isinstance(data, UpdateAudioIn):
+            td = self._turn_detection(data.settings.turn_detection)  # raises before anything changes
             if td != st.td:
                 st.td, st.seg.vad = td, self._new_vad(td)
-            st.partials = bool(session.params.get("partials", st.partials))
-        elif op == "response_done":
+            st.partials = data.settings.partials
+        elif isinstance(data, ResponseDone):
             # the idle clock restarts once the answer has played (its audio length from now, an upper bound)
-            st.idle_from = st.seg.stream_samples + int(float(data.get("audio_ms") or 0) * SAMPLE_RATE / 1000)
+            st.idle_from = st.seg.stream_samples + int(float(data.audio_ms or 0) * SAMPLE_RATE / 1000)
         elif op == "_scored":
             self._scored(session, st, data)
-        elif op == "commit":
+        elif isinstance(data, CommitAudioIn):
             if st.seg.samples == 0:
                 raise SessionLimitError(
                     "input_audio_buffer_commit_empty", "buffer is empty: append audio before committing"
@@ -305,7 +304,7 @@ class AsrWorker(SessionScheduler):
             self._finish_turn(session, st, trigger="commit")
         elif op == "_decoded":
             self._decoded(session, st, data)
-        elif op == "clear":
+        elif isinstance(data, ClearAudioIn):
             st.seg.vad.reset()
             self._reset_turn(session, st)
             self.emit(session.session_id, "event", Cleared(st.turn + 1))
@@ -535,87 +534,3 @@ class AsrWorker(SessionScheduler):
                                                 after_end_ms=round(after_end * 1000, 1), audio_ms=audio_ms, trigger=trigger,
                                                 queue_ms=round((after_end - compute) * 1000, 1),
                                                 compute_ms=round(compute * 1000, 1)))
-
-
-def create_asr_stage(
-    backend: str = "faster-whisper",
-    model: str | None = None,
-    device: str = "cpu",
-    compute_type: str = "int8",
-    cpu_threads: int = 1,
-    speculative_after_ms: int = 150,
-    partial_interval_ms: int = 1200,
-    speculative_alone_after_ms: int | None = None,
-    partial_alone_interval_ms: int | None = None,
-    max_sessions: int = 64,
-    max_buffered_bytes: int = 24000 * 2 * 120,
-    idle_timeout_s: float = 600.0,
-    max_queued_decodes: int = 16,
-    max_batch: int | None = None,
-    random_init: bool = False,
-    random_size: str = "full",
-    vad_sound_end_ratio: float | None = None,
-    min_window_s: float | None = None,
-) -> AsrWorker:
-    """Factory for the pipeline config: the preset names the backend and model.
-
-    ``max_batch``: sessions decoded together (one ``transcribe_batch``); default 8 on a GPU, where more rows
-    cost little next to the encoder's fixed 30 s window, and CPU_MAX_BATCH on CPU (see there).
-    ``min_window_s`` (faster-whisper): the shortest encoder window (``FasterWhisperASR``; None: its default).
-    ``vad_sound_end_ratio``: where a turn's silence starts counting (``omni_rt.backends.vad.ENERGY_END_RATIO``;
-    0 = at Silero's last speech frame, the ablation).
-    ``random_init`` (transformers backend): random weights of ``model``'s real shape
-    (``omni_rt.engine.weights.random_init``; ``random_size="tiny"`` for CPU), so the preset runs with no hub weights.
-    """
-    from omni_rt.backends.vad import SileroVadModel
-
-    for field, ms in (("partial_interval_ms", partial_interval_ms), ("partial_alone_interval_ms", partial_alone_interval_ms)):
-        if ms is not None and ms < 100:  # a partial is a whole Whisper decode of the turn so far
-            raise ValueError(f"stage 'asr' field '{field}': {ms} ms is under 100 ms (one decode of the turn each time)")
-    if min_window_s is not None and backend != "faster-whisper":
-        raise ValueError(f"stage 'asr' field 'min_window_s': only the faster-whisper backend has an encoder window, not '{backend}'")
-    if random_init and backend != "transformers":
-        raise ValueError(f"stage 'asr' field 'random_init': only the transformers backend builds random weights, not '{backend}'")
-    if backend == "faster-whisper":
-        from omni_rt.backends.whisper import FasterWhisperASR
-
-        window = {} if min_window_s is None else {"min_window_s": min_window_s}
-        transcriber: Transcriber = FasterWhisperASR(model_dir=model, compute_type=compute_type, cpu_threads=cpu_threads, **window)
-    elif backend == "transformers":
-        import torch
-
-        from omni_rt.backends.whisper import TransformersWhisperASR
-
-        if model is None:
-            raise ValueError("stage 'asr' field 'model': the transformers backend needs a model path or hub id")
-        dtype = torch.float16 if device != "cpu" else torch.float32
-        if random_init:
-            from omni_rt.engine.weights.random_init import build_whisper
-
-            transcriber = TransformersWhisperASR(build_whisper(model, dtype=dtype, device=device, size=random_size),
-                                                 device=device, dtype=dtype)
-        else:
-            transcriber = TransformersWhisperASR(model, device=device, dtype=dtype)
-    else:
-        raise ValueError(f"stage 'asr' field 'backend': unknown ASR backend '{backend}' (faster-whisper|transformers)")
-    if max_batch is None:
-        max_batch = GPU_MAX_BATCH if backend == "transformers" and device != "cpu" else CPU_MAX_BATCH
-    scheduler = AsrWorker(
-        transcriber,
-        SileroVadModel(),
-        max_batch=max_batch,
-        speculative_after_ms=speculative_after_ms,
-        speculative_alone_after_ms=speculative_alone_after_ms,
-        partial_interval_ms=partial_interval_ms,
-        partial_alone_interval_ms=partial_alone_interval_ms,
-        max_queued_decodes=max_queued_decodes,
-        max_sessions=max_sessions,
-        max_buffered_bytes=max_buffered_bytes,
-        idle_timeout_s=idle_timeout_s,
-        vad_sound_end_ratio=vad_sound_end_ratio,
-    )
-    try:
-        scheduler.turn_model()  # load Smart Turn at start-up, not on the first semantic_vad session.update
-    except SessionLimitError:
-        pass  # no pipecat-ai wheel: server_vad works; each semantic_vad request gets the clear error
-    return scheduler

@@ -13,7 +13,7 @@ from collections import deque
 from typing import Any, Callable
 
 from omni_rt.pipeline.schedulers.streaming import StreamingSimpleScheduler, StreamState
-from omni_rt.stages.clause_splitter import ClauseSplitter
+from omni_rt.stages.talker.clause_splitter import ClauseSplitter
 from omni_rt.contracts.payloads import text_of
 from omni_rt.contracts.rates import SPEECH_S_PER_WORD  # a later clause is due this long per earlier word
 

@@ -1,7 +1,7 @@
 """semantic_vad's turn scoring: Smart Turn's audio score and the speculative transcript's words, per pause.
 
 Why its own component: the ASR stage segments audio (VAD) and decodes it (Whisper); deciding whether a pause
-ends the turn is a third concern with its own model, thread and rule (``omni_rt.contracts.turn_detection``).
+ends the turn is a third concern with its own model, thread and rule (``omni_rt.stages.asr.turn_rule``).
 ``TurnScorer`` owns the model and its worker thread; ``PauseVerdict`` is one session's view of the current
 pause (the two inputs as they arrive, and the silence after which the turn ends). The stage feeds it and asks
 it; it never touches the stage's state.
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_rt.contracts.turn_detection import Eagerness, words_cue
+from omni_rt.stages.asr.turn_rule import Eagerness, words_cue
 from omni_rt.pipeline.schedulers.session import SessionLimitError
 
 WINDOW_S = 8  # Smart Turn hears the last 8 s
