@@ -187,7 +187,7 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
             await calls.sideband(call_id, ws)
             return
         beta = ws.query_params.get("beta") in ("1", "true") or "realtime=v1" in ws.headers.get("openai-beta", "")
-        runner = SessionRunner(runtime, new_session(runtime, ws.query_params.get("model"), beta_events=beta))
+        runner = SessionRunner(runtime, new_session(runtime, ws.query_params.get("model"), beta_events=beta), "websocket")
         await serve_session(ws, runtime, runner, receive_realtime)
 
     @app.post("/v1/realtime/calls")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from typing import Any
 
@@ -33,13 +32,7 @@ class SessionRegistry(set):
 
     @staticmethod
     def _transport(runner: Any) -> str:
-        explicit = getattr(runner, "transport", None)
-        if isinstance(explicit, str):
-            return explicit
-        if getattr(getattr(runner.session, "options", None), "model_name", None) == "twilio":
-            return "twilio"
-        caller = sys._getframe(2).f_globals.get("__name__", "")  # the transport module that registers it
-        return caller.rsplit(".", 1)[-1] or "unknown"
+        return getattr(runner, "transport", None) or "unknown"
 
     def add(self, runner: Any) -> None:
         if runner in self:

@@ -26,9 +26,11 @@ log = logging.getLogger("omni_rt.session")
 
 
 class SessionRunner:
-    def __init__(self, runtime: "TransportHost", session: RealtimeSession) -> None:
+    def __init__(self, runtime: "TransportHost", session: RealtimeSession, transport: str) -> None:
+        """``transport``: which adapter drives this session ("websocket", "twilio", "webrtc"), for the logs."""
         self.runtime = runtime
         self.session = session
+        self.transport = transport
         roles = runtime.coordinator.roles
         self.audio_in = roles.audio_in
         self.response_entry = roles.response

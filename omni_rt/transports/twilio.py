@@ -142,7 +142,7 @@ class TwilioCall:
 
 async def twilio_endpoint(ws: WebSocket, runtime: TransportHost) -> None:
     runner = SessionRunner(runtime, new_session(runtime, "twilio", session={
-        "audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}}}))
+        "audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}}}), "twilio")
     call = TwilioCall(runner)
 
     async def receive(ws: WebSocket, runner: SessionRunner) -> None:

@@ -348,7 +348,7 @@ class CallRegistry:
             session = new_session(host, model, session=config or None)
         except ProtocolError as exc:
             raise CallError(400, exc.code, exc.message, exc.param) from None
-        runner = SessionRunner(host, session)
+        runner = SessionRunner(host, session, "webrtc")
         call = Call(host, runner, self)
         host.sessions.add(runner)
         host.metrics.sessions.inc()
