@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import start_server, stop_server
+from servers import start_server, stop_server
 from rt_helpers import speech_with_silence, validate_event
 
 from omni_rt.audio.pcm import float_to_pcm16

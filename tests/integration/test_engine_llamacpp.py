@@ -7,7 +7,6 @@ decoding), so prefix reuse and abort are checked upstream, not inferred from our
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import time
@@ -376,23 +375,6 @@ def test_stop_kills_the_server_process(binary):
     assert not supervisor.is_alive()
 
 
-def test_falls_back_to_torch_without_binary(tmp_path, caplog):
-    from omni_rt.engine.ar_scheduler import ARScheduler
-
-    with caplog.at_level(logging.WARNING, logger="omni_rt.engine.factory"):
-        s = create_ar_scheduler("smollm2", backend="llama.cpp", llama_cpp_root=tmp_path / "empty",
-                                max_batch_size=1, kv_budget_tokens=1024, default_max_tokens=8)
-    assert isinstance(s, ARScheduler)
-    warnings = [r for r in caplog.records if "falling back to the PyTorch thinker" in r.getMessage()]
-    assert len(warnings) == 1, caplog.text
-    s.start()
-    try:
-        got = _ask(s, "fb", _q("What is the capital of France?"))
-        assert got["error"] is None and got["result"]["completion_tokens"] > 0
-    finally:
-        s.stop()
-
-
 def test_cache_lookup_is_fast_and_keyed(binary, tmp_path):
     t0 = time.monotonic()
     assert llama_cpp.build(jobs=2) == binary  # valid cache: no rebuild
@@ -430,19 +412,6 @@ def test_server_dies_with_a_killed_parent(binary, tmp_path):
         assert wait_until(gone, timeout=10)
     finally:
         parent.kill()
-
-
-def test_a_cached_binary_that_cannot_run_is_not_used(tmp_path):
-    import json
-
-    d = llama_cpp.build_dir(tmp_path)
-    d.mkdir(parents=True)
-    (d / llama_cpp.BINARY_NAME).write_text("#!/bin/sh\nexit 132\n")  # e.g. built for another CPU
-    (d / llama_cpp.BINARY_NAME).chmod(0o755)
-    (d / "build.json").write_text(json.dumps({"key": llama_cpp.build_key()}))
-    assert llama_cpp.locate_binary(tmp_path) is None
-    (d / llama_cpp.BINARY_NAME).write_text("#!/bin/sh\nexit 0\n")
-    assert llama_cpp.locate_binary(tmp_path) == d / llama_cpp.BINARY_NAME
 
 
 def test_a_gguf_path_brings_its_own_tokenizer(binary):

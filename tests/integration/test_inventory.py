@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from servers import ROOT
 
 from omni_rt.engine import llama_cpp, smollm2
 

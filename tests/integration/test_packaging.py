@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 import websockets.sync.client
-from conftest import ROOT, free_port
+from servers import ROOT, free_port
 
 
 def run(*cmd: str, cwd: Path | None = None, timeout: float = 900) -> str:

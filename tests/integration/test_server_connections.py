@@ -20,21 +20,10 @@ import httpx
 import pytest
 import uvicorn
 import websockets
-from conftest import free_port, start_server, stop_server
+from servers import free_port, start_server, stop_server
 from rt_helpers import validate_event
 
-from omni_rt.server.connections import (FD_RESERVE, REFUSE_ROOM, ConnectionGuard, GuardedHttpProtocol, accept_backlog,
-                                        connection_cap, over_capacity)
-
-
-def test_cap_is_what_the_file_limit_leaves() -> None:
-    # 256 files, 22 open after loading the CPU preset (measured), 8 sessions: 256 - 22 - 32 (backlog) - 32 - 16 - 8
-    assert accept_backlog(256) == 32
-    assert connection_cap(256, 22, 8) == 256 - 22 - 32 - FD_RESERVE - 2 * 8 - REFUSE_ROOM == 146
-    assert connection_cap(256, 22, 8, configured=100) == 100  # a configured value only lowers it
-    assert connection_cap(256, 22, 8, configured=1000) == 146
-    assert connection_cap(64, 40, 32) == 4  # a hopeless limit still serves a few (and the log says so)
-    assert accept_backlog(1 << 20) == 2048
+from omni_rt.server.connections import ConnectionGuard, GuardedHttpProtocol, over_capacity
 
 
 # ---- the guard on a real uvicorn server ------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import websockets
-from conftest import start_server, stop_server
+from servers import start_server, stop_server
 from rt_helpers import validate_event
 
 KEY = "sekret"

@@ -13,47 +13,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gguf
 import pytest
 import websockets
-from conftest import ROOT, free_port, start_server, stop_server
+from servers import ROOT, free_port, start_server, stop_server
 from test_realtime_tools import Client
+from tiny_models import metadata_gguf
 
 from omni_rt.engine import llama_cpp
 from omni_rt.engine.llama_server import LlamaServer
 from omni_rt.engine.openai_compat_server import ServerThread
 from omni_rt.engine.thinker_choice import ThinkerError, thinker_args
 from omni_rt.engine.smollm2 import packaged_gguf_path
-
-
-def _metadata_gguf(path: Path, chat_template: str | None) -> Path:
-    """A GGUF holding only metadata (no tensors): enough for the start-up checks, written by ``gguf``."""
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-check")
-    w.add_tokenizer_model("gpt2")
-    if chat_template is not None:
-        w.add_chat_template(chat_template)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def test_wrong_gguf_choices_fail_with_one_clear_line(tmp_path):
-    cases = {
-        str(tmp_path / "missing.gguf"): "no such file",
-        str(tmp_path): "is a directory",
-        str(tmp_path / "notes.gguf"): "not a GGUF file",
-        str(_metadata_gguf(tmp_path / "base.gguf", None)): "no chat template",
-    }
-    (tmp_path / "notes.gguf").write_text("this is not a model")
-    for spec, why in cases.items():
-        with pytest.raises(ThinkerError) as err:
-            thinker_args(spec)
-        assert why in str(err.value) and "\n" not in str(err.value), err.value
-    chat = _metadata_gguf(tmp_path / "chat.gguf", "{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    assert thinker_args(str(chat)) == {"backend": "llama.cpp", "model": str(chat.resolve()), "tokenizer": str(chat.resolve())}
 
 
 def test_wrong_server_choices_fail_with_one_clear_line():
@@ -150,7 +120,7 @@ def test_hub_repo_thinker_comes_from_the_cache_or_fails_in_one_line(tmp_path):
     (snap.parents[1] / "refs" / "main").write_text("0" * 40)
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     for name in ("tiny-chat-Q4_K_M.gguf", "tiny-chat-Q8_0.gguf"):
-        _metadata_gguf(snap / name, template)
+        metadata_gguf(snap / name, template)
     probe = ("import sys; from omni_rt.engine.thinker_choice import thinker_args, ThinkerError\n"
              "try: print(thinker_args(sys.argv[1])['model'])\n"
              "except ThinkerError as e: print('ERR', e)\n")

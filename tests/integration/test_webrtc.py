@@ -24,7 +24,7 @@ from rt_helpers import heard, validate_event
 pytest.importorskip("aiortc")
 from latency_bench.webrtc_client import RealtimeCall  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(300)
 
 

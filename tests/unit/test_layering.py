@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "omni_rt"
+PACKAGE = Path(__file__).resolve().parents[2] / "omni_rt"
 
 # bottom first; a layer may import itself and anything to its left
 LAYERS = [

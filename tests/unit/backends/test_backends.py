@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SMALL_SNAC_CONFIG
+from tiny_models import SMALL_SNAC_CONFIG
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
