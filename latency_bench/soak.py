@@ -16,7 +16,7 @@ Per engine (``llama.cpp`` = the CPU preset, ``torch`` = ``latency_bench/presets/
 3. ``marathon`` — one session of many turns of ~400 words (issue #27: from turn 19 every answer failed before
    the history had a token budget); it must end with 0 failed turns.
 Turns are text (``conversation.item.create`` + ``response.create``), so the figures isolate the thinker,
-talker and session layer; the ASR's commit fairness has its own regression test (tests/test_asr_fairness.py).
+talker and session layer; the ASR's commit fairness has its own regression test (tests/unit/stages/test_asr_fairness.py).
 
 TTFA here = ``response.create`` sent -> first ``response.output_audio.delta`` received (client clock); TTFT =
 -> first transcript delta (the thinker's first token as the client sees it). The bystander ratio is the

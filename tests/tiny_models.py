@@ -1,5 +1,6 @@
 """Tiny random-init causal LMs saved like real checkpoints: a real (but instant) AR scheduler for the tests,
-loaded through the same code as real weights, with nothing from a hub.
+loaded through the same code as real weights, with nothing from a hub. Also a narrow SNAC layout
+(``SMALL_SNAC_CONFIG``) and a metadata-only GGUF (``metadata_gguf``) for start-up checks.
 """
 
 from __future__ import annotations
@@ -7,7 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import gguf
 import torch
+
+from omni_rt.backends.snac_codec import SNAC_24KHZ_CONFIG
+
+# Same layout as the 24 kHz model (rates, strides, kernels: the same receptive field), narrow enough to stream 40
+# frames in a few seconds on 2 cores.
+SMALL_SNAC_CONFIG = {**SNAC_24KHZ_CONFIG, "encoder_dim": 4, "decoder_dim": 32}
 
 
 def build_tiny_model(
@@ -50,3 +58,17 @@ def build_tiny_model(
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out
+
+
+def metadata_gguf(path: Path, chat_template: str | None) -> Path:
+    """A GGUF holding only metadata (no tensors): enough for the start-up checks, written by ``gguf``."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-check")
+    w.add_tokenizer_model("gpt2")
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -4,7 +4,7 @@ Hand-written on purpose: stdlib `audioop` is deprecated (gone in Python 3.13), i
 `audioop-lts` only ships for Python >= 3.13, and the PyPI `g711` package is an unmaintained (2021),
 sdist-only C extension. G.711 is a fixed, tiny table mapping, so we build the tables once from the
 reference algorithm (the Sun/CCITT g711.c that audioop also uses) and encoding/decoding become a
-single numpy indexing operation. Outputs are bit-identical to audioop (checked in tests/test_audio.py).
+single numpy indexing operation. Outputs are bit-identical to audioop (checked in tests/unit/audio/test_audio.py).
 """
 
 from __future__ import annotations

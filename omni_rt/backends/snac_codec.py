@@ -2,7 +2,7 @@
 
 Why one module of ~500 lines: the code layout, the position-indexed noise, the receptive field and the
 batched window decode are one argument (the stream equals a one-shot decode, no seams); each piece's
-correctness rests on the others' numbers, so they are read and tested together (tests/test_snac_batching.py).
+correctness rests on the others' numbers, so they are read and tested together (tests/unit/stages/test_snac_batching.py).
 
 SNAC's 24 kHz model has 3 codebooks at 12, 23 and 47 Hz; one coarse step ("frame") is 2048 samples
 (85 ms) and Orpheus serializes it as 7 tokens: [c0, c1a, c2a, c2b, c1b, c2c, c2d], token id =

@@ -4,7 +4,7 @@
     offer -> POST {base}/v1/realtime/calls (Content-Type: application/sdp, Authorization: Bearer KEY)
     201 answer SDP -> setRemoteDescription; events as JSON on the data channel; the answer plays on the remote track
 
-Used by the tests (tests/test_webrtc.py) and the latency bench. Against a server on the loopback the client's ICE
+Used by the tests (tests/integration/test_webrtc.py) and the latency bench. Against a server on the loopback the client's ICE
 binds 127.0.0.1 only (``omni_rt.transports.webrtc_ice.LOOPBACK``; such servers run with ``--webrtc-host
 127.0.0.1``), so no packet of a test or bench call leaves the loopback. ``MicTrack`` plays given audio in real time
 (then silence); the remote track is read frame by frame, with the arrival time of each frame, so a caller can

@@ -69,7 +69,7 @@ _TINY_LM = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_
                 num_key_value_heads=2, head_dim=16, max_window_layers=2)
 _TINY_WHISPER = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
                      decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128)
-# output rows a stage can use are scaled by this: random logits then pick them (x100 as tests/test_gpu_preset_paths)
+# output rows a stage can use are scaled by this: random logits then pick them (x100 as tests/unit/test_gpu_preset_paths)
 FAVOUR = 100.0
 
 # factories whose random weights need a known model and backend; any other factory with an explicit

@@ -1,0 +1,231 @@
+"""Smart Turn and semantic_vad over the labelled turn set (omni_rt/testing/turn_set.py: every item in 3 Piper
+voices, scored through Silero + faster-whisper + Smart Turn as the ASR stage would, minutes of CPU): hesitations
+stay open, the second look, the rates and their order by eagerness. The model, the config and the stage on
+single utterances: tests/unit/stages/test_turn_detection.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from omni_rt.pipeline.messages import IncomingMessage
+from omni_rt.contracts import payloads as c
+from omni_rt.contracts.audio_in import AudioInSettings, ClearAudioIn, OpenAudioIn, ResponseDone, UpdateAudioIn
+from omni_rt.contracts import turn_detection as tdm
+from omni_rt.stages.asr import turn_rule
+
+SR = 16000
+
+
+@pytest.fixture(scope="module")
+def turn_model():
+    from omni_rt.backends.turn_model import SmartTurnModel
+
+    return SmartTurnModel()
+
+
+@pytest.fixture(scope="module")
+def asr_stage(turn_model):
+    """The real ASR stage scheduler (Silero VAD, Whisper tiny.en, Smart Turn), driven through its queues."""
+    from omni_rt.backends.whisper import FasterWhisperASR
+    from omni_rt.backends.vad import SileroVadModel
+    from omni_rt.stages.asr.stage import AsrWorker
+
+    sched = AsrWorker(FasterWhisperASR(), SileroVadModel(), turn_model=turn_model)
+    sched.start()
+    yield sched
+    sched.stop()
+
+
+# the stage's typed events (omni_rt.contracts.payloads) as dicts with a short name, to keep the checks terse
+EVENT_NAMES = {c.SpeechStarted: "speech_started", c.SpeechStopped: "speech_stopped", c.Committed: "committed",
+               c.Cleared: "cleared", c.TranscriptPartial: "transcript.delta", c.TranscriptSpeculative: "transcript.speculative",
+               c.SpeculationCancelled: "speculative.cancelled", c.TranscriptFinal: "transcript.final",
+               c.TurnScored: "turn.scored", c.TimeoutTriggered: "timeout_triggered"}
+
+
+def as_dict(ev: Any) -> dict[str, Any]:
+    return {"type": EVENT_NAMES[type(ev)], **dataclasses.asdict(ev)}
+
+
+def run_stream(sched: Any, sid: str, td: dict[str, Any] | None, audio: np.ndarray, until: str = "transcript.final",
+               realtime: bool = True, settle_s: float = 20.0, hold_at: int | None = None) -> list[dict[str, Any]]:
+    """Open a session, append ``audio`` in 20 ms chunks (at real time), then collect its events up to the last ``until``.
+
+    ``hold_at``: once that many samples are in, hold the audio until the turn model's verdict arrives, as if it
+    scored instantly: the decision logic is tested here, its timing on a shared machine in latency_bench."""
+    events: list[dict[str, Any]] = []
+
+    def drain(block_s: float = 0.0) -> None:
+        deadline = time.monotonic() + block_s
+        while True:
+            try:
+                msg = sched.outbox.get(timeout=max(0.0, deadline - time.monotonic()) if block_s else 0.0)
+            except queue.Empty:
+                return
+            assert msg.request_id == sid, msg
+            if msg.type == "error":
+                raise AssertionError(f"stage error: {msg.data}")
+            if msg.type == "event":
+                events.append(as_dict(msg.data))
+
+    sched.inbox.put(IncomingMessage(sid, "new_request", OpenAudioIn(AudioInSettings(tdm.parse_turn_detection(td), partials=False))))
+    step = SR // 50
+    t0 = time.perf_counter()
+    for i, start in enumerate(range(0, audio.size, step)):
+        sched.inbox.put(IncomingMessage(sid, "stream_chunk", audio[start : start + step]))
+        if realtime:
+            time.sleep(max(0.0, t0 + (i + 1) * 0.02 - time.perf_counter()))
+        drain()
+        if hold_at is not None and start + step >= hold_at and not of(events, "turn.scored"):
+            held = time.perf_counter()
+            while not of(events, "turn.scored") and time.perf_counter() - held < 10:
+                drain(0.05)
+            t0 += time.perf_counter() - held
+    deadline = time.monotonic() + settle_s
+    n_stops = sum(e["type"] == "speech_stopped" for e in events)
+    while time.monotonic() < deadline and sum(e["type"] == until for e in events) < max(1, n_stops):
+        drain(0.1)
+    sched.inbox.put(IncomingMessage(sid, "stream_done"))
+    time.sleep(0.05)
+    drain()
+    return events
+
+
+def of(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == kind]
+
+
+# ---------------------------------------------------------------- semantic_vad on the real ASR stage
+
+
+def end_after_speech_ms(events: list[dict[str, Any]], speech_end_ms: float) -> float:
+    stops = of(events, "speech_stopped")
+    assert len(stops) == 1, [e["type"] for e in events]
+    return stops[0]["audio_end_ms"] - speech_end_ms
+
+
+def test_semantic_vad_keeps_hesitations_open_on_the_stage(asr_stage, turn_scores) -> None:
+    """Through the real stage at real time: hesitant utterances of the set whose transcript at the pause ends
+    open ("... for", "... the") stay one turn, and a complete one that Smart Turn scores low ends well before
+    the 4 s max because its words can end there (the words reach the verdict through the stage)."""
+    from omni_rt.testing.turn_set import spoken_set
+
+    by_key = {f"{sp.variant}/{sp.item.text}": sp for sp in spoken_set()}
+    open_pauses = [s for s in turn_scores if s.hesitation and s.words == "open" and s.key.startswith("plain/")]
+    low_complete = [s for s in turn_scores if s.final and s.kind == "complete" and s.audio_prob < 0.3 and s.words == "can_end"]
+    assert len(open_pauses) >= 3 and low_complete, (len(open_pauses), len(low_complete))
+    verdicts = []
+    for s in open_pauses[:3]:
+        sp = by_key[s.key]
+        events = run_stream(asr_stage, f"h-{s.key}", {"type": "semantic_vad", "eagerness": "auto"}, sp.audio)
+        assert len(of(events, "speech_stopped")) == 1, (s.key, [(e["type"], e.get("words")) for e in events])
+        verdicts += of(events, "turn.scored")
+    # at real time the pause's transcript depends on when its decode ran (a loaded machine hears "for?" where the
+    # offline replay heard "for, um"), so which words each verdict saw is checked over the three, not per utterance
+    assert verdicts and all(v.get("words") is not None for v in verdicts), verdicts
+    assert any(v["words"] == "open" and not v["complete"] for v in verdicts), verdicts
+    sp = by_key[low_complete[0].key]
+    events = run_stream(asr_stage, "low-complete", {"type": "semantic_vad", "eagerness": "auto"}, sp.audio)
+    after = end_after_speech_ms(events, sp.speech_end_ms)
+    print(f"\n{sp.item.text!r}: Smart Turn {low_complete[0].audio_prob:.2f}, turn ended {after:.0f} ms after the speech")
+    assert of(events, "speech_stopped")[0].get("semantic") is True
+    assert after < 2500, after  # the unsure end (1 s) plus a loaded machine's scoring, not the 4 s max
+
+
+def test_semantic_vad_second_look_on_the_stage(asr_stage, turn_scores) -> None:
+    """Through the real stage at real time: a complete utterance Smart Turn is unsure of at 120 ms but sure of at
+    300 ms gets its second look (a second turn.scored, look 2) and that verdict ends the turn."""
+    from omni_rt.testing.turn_set import spoken_set
+
+    auto = turn_rule.EAGERNESS_SETTINGS["auto"]
+    by_key = {f"{sp.variant}/{sp.item.text}": sp for sp in spoken_set()}
+    later = sorted((s for s in turn_scores if s.final and s.kind == "complete" and s.words == "can_end"
+                    and s.audio_prob < 0.5 and (s.second_prob or 0) >= 0.95 and (s.last_word_prob or 0) >= 0.9),
+                   key=lambda s: -(s.second_prob or 0))
+    assert later, "no complete utterance with a sure second look in the set"
+    sp = by_key[later[0].key]
+    events = run_stream(asr_stage, "second-look", {"type": "semantic_vad", "eagerness": "auto"}, sp.audio)
+    after = end_after_speech_ms(events, sp.speech_end_ms)
+    looks = [(v["look"], v["prob"], v["words"], v["end_silence_ms"]) for v in of(events, "turn.scored")]
+    print(f"\n{sp.item.text!r}: verdicts {looks}, turn ended {after:.0f} ms after the speech")
+    # at real time the transcript may differ from the offline replay's (another cue): then no second look is due
+    if any(look == 1 and w in ("can_end", "question") and ms == auto.unsure_silence_ms for look, _, w, ms in looks):
+        second = [v for v in of(events, "turn.scored") if v["look"] == 2]
+        assert second and second[-1]["complete"], looks
+        if second[-1]["end_silence_ms"] == turn_rule.SECOND_LOOK_MS:
+            assert after < auto.unsure_silence_ms + 800, (after, looks)  # the second look's end, with a loaded machine's score
+
+
+# ---------------------------------------------------------------- rates over the labelled set
+
+
+@pytest.fixture(scope="module")
+def turn_scores(turn_model):
+    """Every pause of the labelled set (omni_rt/testing/turn_set.py, 3 voices), scored once as the stage would."""
+    from omni_rt.testing.turn_scores import score_set
+    from omni_rt.testing.turn_set import spoken_set
+    from omni_rt.backends.whisper import FasterWhisperASR
+    from omni_rt.backends.vad import SileroVadModel
+
+    t0 = time.perf_counter()
+    scores = score_set(spoken_set(), SileroVadModel(), turn_model, FasterWhisperASR())
+    print(f"\nturn set: {len(scores)} pauses scored in {time.perf_counter() - t0:.0f} s")
+    return scores
+
+
+def test_turn_set_is_labelled_and_spoken_deterministically() -> None:
+    from omni_rt.testing.turn_set import ITEMS, VARIANTS, counts, spoken_set
+
+    n = counts()
+    assert n["complete"] >= 20 and n["hesitant"] >= 20 and len(ITEMS) >= 40, n
+    assert len({v[1] for v in VARIANTS}) >= 2 and len({v[2] for v in VARIANTS}) >= 2  # rates and noise settings
+    assert len({i.shape for i in ITEMS if i.kind == "complete"}) >= 5
+    spoken = spoken_set()
+    assert len(spoken) == len(ITEMS) * len(VARIANTS)
+    noisy = [sp for sp in spoken if sp.variant == "fast+noise"]
+    again = spoken_set.__wrapped__(("fast+noise",))  # a fresh synthesis: the seeded VITS noise gives the same audio
+    assert len(again) == len(noisy) and all(np.array_equal(a.audio, b.audio) for a, b in zip(noisy, again))
+
+
+def test_semantic_vad_rates_on_the_turn_set(turn_scores) -> None:
+    """auto: hesitations stay open, complete utterances end without the 4 s wait, and each cue does better than
+    the rule without it. Measured (2026-12-02, see the contract's docstring): hesitant cut 1/60 (4/60 by the text
+    alone, 6/60 by Smart Turn alone); complete cut 1/72 (9/72 alone); complete utterances ended at 200 ms 54/71
+    (50/71 by the text alone), 5 more at the second look (300 ms). Margins: a few utterances either way."""
+    from omni_rt.testing.turn_scores import distributions, rates
+
+    both, text, alone = rates(turn_scores, "auto"), rates(turn_scores, "auto", confidence=False), rates(turn_scores, "auto", words=False)
+    print(f"\nauto, sound+words: {both}\nauto, sound+text: {text}\nauto, sound alone: {alone}\n{distributions(turn_scores)}")
+    cut, n_hes = both["false_end_hesitant"]
+    assert n_hes >= 60 and cut <= 0.05 * n_hes, both  # the target: 5%
+    assert cut < alone["false_end_hesitant"][0] and cut <= text["false_end_hesitant"][0], (both, text, alone)
+    cut_c, n_c = both["false_end_complete"]
+    assert cut_c <= 3 and cut_c < alone["false_end_complete"][0], (both, alone)
+    assert both["ended_sure_complete"] >= 0.6 * both["endings_complete"], both  # measured 54/71
+    assert both["ended_sure_complete"] >= text["ended_sure_complete"], (both, text)
+    # the second look ends more of the rest at SECOND_LOOK_MS, and cuts no more (measured +5, 59/71 by 300 ms)
+    early = both["ended_sure_complete"] + both["ended_second_look_complete"]
+    assert early >= 0.7 * both["endings_complete"] and both["ended_second_look_complete"] >= 1, both
+    first = rates(turn_scores, "auto", second=False)
+    assert both["false_end_hesitant"][0] <= first["false_end_hesitant"][0] + 1, (both, first)
+    assert both["end_silence_ms"]["p95"] <= turn_rule.EAGERNESS_SETTINGS["auto"].unsure_silence_ms, both  # nobody waits 4 s
+    d = distributions(turn_scores)
+    assert d["complete: end"]["words"]["open"] <= 2, d  # a finished utterance rarely ends in "for"/"the"/"um"
+    assert d["complete: end"]["words"]["guess"] <= 0.1 * d["complete: end"]["n"], d  # measured 3/132
+    assert d["hesitation pause"]["words"]["open"] >= 0.6 * d["hesitation pause"]["n"], d  # measured 47/60
+
+
+def test_eagerness_orders_the_rates(turn_scores) -> None:
+    """low waits at least as long as auto, high at most: more hesitations cut with high, fewer with low."""
+    from omni_rt.testing.turn_scores import rates
+
+    low, auto, high = (rates(turn_scores, e) for e in ("low", "auto", "high"))
+    assert low["false_end_hesitant"][0] <= auto["false_end_hesitant"][0] <= high["false_end_hesitant"][0], (low, auto, high)
+    assert low["end_silence_ms"]["p50"] >= auto["end_silence_ms"]["p50"] >= high["end_silence_ms"]["p50"], (low, auto, high)
