@@ -481,7 +481,7 @@ def check_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The printed report (markdown tables: the README's GPU section pastes it)."""
+    """The printed report (markdown tables: docs/benchmarks/gpu.md pastes it)."""
     err = lambda name: result[name]["error"] if _failed(result.get(name)) else None  # noqa: E731
     bw, eq, pg = result.get("bandwidth", {}), result.get("equality", {}), result.get("paged", {})
     out = [f"# GPU benchmark ({result['kind']}): {result['machine']['gpu']}, torch {result['torch']}, "

@@ -16,8 +16,8 @@ answer policy and language steering as they are) and ``greedy`` (the same preset
   stripping punctuation, with numbers compared as spoken ("100" == "one hundred" is not attempted: such
   words count as errors, which only lowers the figure).
 
-Prints a table and writes ``latency_bench/results/quality.{json,md}``; ``--update-readme`` puts the table in
-README.md under "## Answer quality". ``--limit N`` runs the first N questions (a shorter run, say so).
+Prints a table and writes ``latency_bench/results/quality.{json,md}``; ``--update-docs`` puts the table in
+docs/benchmarks/quality.md between its ``quality:begin``/``quality:end`` markers. ``--limit N`` runs the first N questions (a shorter run, say so).
 ``--thinker MODEL`` measures another thinker on the same preset (``--no-greedy``: its preset run only).
 
 Over 400 lines on purpose: the question set, the per-answer measures and the run share one answer record;
@@ -394,39 +394,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-README_INTRO = """\
-A voice answer must be short, on topic, loop-free and in a language the voice can say. Three pieces see to it:
-
-* **Sampling per request, batched** (`omni_rt/engine/builtin/sampling.py`): repetition, frequency and presence penalties
-  over the answer's own tokens, no-repeat n-grams, temperature / top-k / top-p / min-p and a seed. Each slot's
-  parameters and token counts live as tensors on the engine's device (no per-row Python loop in a step);
-  seeded rows draw counter-based Gumbel noise, so a seeded request gives the same tokens whatever shares its
-  batch. Preset defaults in the thinker's `sampling` arg (CPU: greedy + `repetition_penalty: 1.2` +
-  `no_repeat_ngram_size: 4`, the best of five settings measured on SmolLM2-135M); the codec talker uses the
-  same machinery with `repetition_penalty: 1.1`.
-* **A voice answer policy** (`omni_rt/engine/prompt/answer_policy.py`, thinker arg `answer_policy`, per request
-  `answer_policy: {max_sentences, max_words}`): stop at a sentence boundary after N sentences or before the
-  sentence that would pass W words; a cut by any limit (also `max_tokens`) ends at a sentence boundary, never
-  mid-word; the text that leaves the thinker is exactly what is spoken (`finish_reason: "policy"`). The
-  remote/llama.cpp path applies the same policy and closes the upstream stream when it stops.
-* **Languages** (thinker arg `languages`, what the talker can speak): one sentence in the system prompt, a user
-  turn in another language rewritten as "Question (not in English): ... English answer:", and a logit bias: `-inf` for tokens of other
-  scripts (for English: every non-ASCII letter), a soft bias against other languages' function words (the
-  llama.cpp thinker gets the same bias as llama-server's `logit_bias`, 925 entries for English on SmolLM2)."""
+DOCS_PAGE = ROOT / "docs" / "benchmarks" / "quality.md"
+BEGIN, END = "<!-- quality:begin -->", "<!-- quality:end -->"
 
 
-def update_readme(md: str, header: str) -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    block = f"## Answer quality\n\n{README_INTRO}\n\n{header}\n\n{md}\n"
-    start = text.find("## Answer quality")
-    if start == -1:
-        marker = text.find("## Runtime and engine benchmarks")
-        text = text[:marker] + block + "\n" + text[marker:] if marker != -1 else text + "\n" + block
-    else:
-        end = text.find("\n## ", start + 3)
-        text = text[:start] + block + (text[end + 1 :] if end != -1 else "")
-    readme.write_text(text)
+def update_docs(md: str, header: str, page: Path = DOCS_PAGE) -> None:
+    """Write the generated table into ``page`` between ``BEGIN`` and ``END`` (the page's prose and history stay);
+    a page without the markers is an error naming them, not a guess where the table goes."""
+    text = page.read_text()
+    start, end = text.find(BEGIN), text.find(END)
+    if start == -1 or end < start:
+        raise ValueError(f"{page} has no {BEGIN} ... {END} block for the generated table")
+    page.write_text(f"{text[:start]}{BEGIN}\n{header}\n\n{md.rstrip()}\n{text[end:]}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -440,7 +419,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-greedy", action="store_true", help="only the preset's decoding (skip the plain-greedy server)")
     p.add_argument("--greedy-first", action="store_true", help="run the greedy server first (order effects on TTFA)")
     p.add_argument("--out", default=str(RESULTS / "quality.json"))
-    p.add_argument("--update-readme", action="store_true", help="write the table into README.md '## Answer quality'")
+    p.add_argument("--update-docs", action="store_true",
+                   help="write the table into docs/benchmarks/quality.md (between its quality:begin/end markers)")
     p.add_argument("--rescore", default=None, metavar="JSON",
                    help="recompute the text measures and the table of a saved run (no servers, no audio)")
 
@@ -472,7 +452,7 @@ def command(args: argparse.Namespace) -> int:
     for name, r in result["runs"].items():
         print(f"worst answers, {name}:")
         print("\n".join(worst(r["answers"])))
-    if args.update_readme:
-        update_readme(md, header)
+    if args.update_docs:
+        update_docs(md, header)
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0

@@ -183,7 +183,7 @@ async def run_turn_taking(args: Any, plan: Plan, modes: list[str]) -> dict[str, 
 
 
 def turn_taking_markdown(result: dict[str, Any]) -> str:
-    """The server_vad vs semantic_vad tables (what README.md's benchmark section shows): the labelled set scored at
+    """The server_vad vs semantic_vad tables (what docs/benchmarks/turn-taking.md shows): the labelled set scored at
     the stage level (rates per mode, all voices), then live turns through the server (latency)."""
     m = result["machine"]
     lines = [f"Turn taking: `{result['config']['command']}` ({result['started_at']}, preset `{result['config']['preset']}`, "

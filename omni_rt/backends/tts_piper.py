@@ -5,12 +5,11 @@ guards its espeak phonemizer with a module-level lock and onnxruntime's `Inferen
 
 Streaming (``streaming=True``, the talker's mode): the voice's graph is cut in two where VITS hands the latent
 frames to its waveform decoder (the input of ``DECODER_INPUT_NODE``), so a clause's first fraction of a second
-can be decoded and sent before the rest (``stream``). Why: the decoder is ~70% of a clause's cost and grows
-with its length (measured on 2 cores, joe-medium, 1 thread: "The capital of France is Paris.", 1.86 s of
-audio, front 110 ms + decoder 305 ms), while the first 32 frames (0.37 s) decode in a fraction of that. The
-decoder is convolutional: a slice decoded with ``DECODER_CONTEXT_FRAMES`` of latent context on each side
-equals the same samples of the whole decode (max |diff| < 1e-5 on three clauses; 8 frames: up to 3e-3, 4
-frames: 7e-2), so streaming changes no sample.
+can be decoded and sent before the rest (``stream``). Why: the decoder is most of a clause's cost and grows
+with its length, while a first slice of ~0.35 s decodes in a fraction of that. The decoder is convolutional:
+a slice decoded with ``DECODER_CONTEXT_FRAMES`` of latent context on each side equals the same samples of the
+whole decode (to float rounding; less context drifts audibly), so streaming changes no sample. Numbers:
+docs/tuning-cpu.md ("streamed first piece").
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from omni_rt.backends.onnx import cpu_session, packaged_file
 
 _STATE_SHAPE = (2, 1, 128)
 # Where the sound ended, not where Silero let go: its recurrent state keeps p >= threshold for a few frames
-# after the last audible sample (30 Piper utterances: 60-270 ms, p50 ~90 ms), so a silence counted from the last
+# after the last audible sample (~90 ms typically; docs/tuning-cpu.md, "pause from the sound's end"), so a silence counted from the last
 # speech frame is that much longer than the one the speaker left. When a silence run starts, the end of speech
 # moves back to the last 8 ms window of the trailing speech frames louder than ENERGY_END_RATIO of the turn's
 # loudest window (-26 dB: soft final consonants stay inside), at most ENERGY_END_FRAMES frames back and never

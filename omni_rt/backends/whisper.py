@@ -87,16 +87,12 @@ class FasterWhisperASR:
         self.max_new_tokens = max_new_tokens
         self.no_speech_threshold = no_speech_threshold
         self.log_prob_threshold = log_prob_threshold
-        # Whisper is trained on 30 s windows, but CTranslate2 encodes shorter ones. Measured on 2 cores over 36
-        # spoken questions (4 sentences x 9 silence paddings): 30 s 718 ms median, 0 errors; 15 s 310 ms, 0 errors;
-        # 10 s 230 ms but 8 mishearings ("the sky" -> "this guy"). Re-measured 2026-12-04 on the 96 complete
-        # utterances of the labelled turn set + held-out items (3 voices, speech + 150 ms as a speculative decode
-        # sees it): 30 s WER 2.9% (321 ms p50); 15 s 3.2% (117 ms); 10 s 3.5% (69 ms; one more mishearing,
-        # "rainbow" -> "rain before"); 8 s 4.4%; 6 s and 5 s fall into repetition loops ("Can you hear me? Can you
-        # hear me? ..."), and padding with the log-mel of silence instead of zeros made every window loop more.
-        # semantic_vad's cues were the same at 10 s as at 15 s (omni_rt.testing.turn_scores, auto: hesitant cuts
-        # 0/60, held out 1/24, room noise 2/60 at both). So the window is speech + 5 s and never under
-        # `min_window_s` (10 s): 40% of a decode saved on every turn's critical path; 30 restores the classic behaviour.
+        # Whisper is trained on 30 s windows, but CTranslate2 encodes shorter ones, and the encoder's cost follows
+        # the window, not the speech: a shorter window takes a large share off every turn's critical path. Too
+        # short a window makes Whisper mishear and then loop (repeating the sentence; padding with the log-mel of
+        # silence instead of zeros made it loop more). So the window is speech + 5 s and never under
+        # `min_window_s` (10 s), where accuracy and semantic_vad's word cues were still those of 15 s; 30 restores
+        # the classic behaviour. The measurements: docs/tuning-cpu.md ("Whisper window").
         self.min_window_frames = int(min(30.0, max(8.0, min_window_s)) * 100)
 
     def _features(self, audio: np.ndarray) -> np.ndarray:

@@ -92,8 +92,8 @@ class Runtime:
     async def start(self) -> None:
         t0 = time.perf_counter()
         # numpy's OpenBLAS wakes its second thread for Whisper's mel filter (an 80x201 matmul, ~0.5 ms) and that
-        # thread then spins ~100 ms: measured, 4 sessions' server CPU 54 -> 44 s for the same 72 turns
-        # (README "Several sessions at once"). threadpoolctl: the maintained way to reach a loaded BLAS at run time.
+        # thread then spins for far longer than the call, CPU the sessions' decodes need (docs/tuning-cpu.md,
+        # "numpy's BLAS"). threadpoolctl: the maintained way to reach a loaded BLAS at run time.
         threadpool_limits(limits=self.settings.blas_threads, user_api="blas")
         self.coordinator = Coordinator(self.config)
         await self.coordinator.start()

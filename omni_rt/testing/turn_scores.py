@@ -60,7 +60,7 @@ def _pauses(sp: Spoken, vad_model: Any, score_from_sound_end: bool = True) -> It
     silence reached SECOND_LOOK_MS or -1) per pause. As the stage (``tdm.TurnDetection``): the score point is
     SCORE_AFTER_MS after the sound ended, the pause's length (what the verdict's silences are held against) and
     the second look count from Silero's frames; ``score_from_sound_end=False``: the score point from Silero's
-    frames too (the rule before 2026-12-03)."""
+    frames too (the earlier rule, kept to compare against)."""
     from omni_rt.backends.vad import StreamingVAD
 
     vad = StreamingVAD(vad_model, threshold=tdm.SEMANTIC_THRESHOLD, prefix_padding_ms=tdm.SEMANTIC_PREFIX_PADDING_MS,

@@ -97,8 +97,7 @@ ITEMS: tuple[Item, ...] = (
     _h("open clause", "Turn on the lights in the kitchen and", "the living room.", 600),
 )
 
-# Held out: written after the rule was fitted to ITEMS (2026-12-02, Whisper's last-word probability and the "?"
-# cue), spoken the same way and scored only by the bench (``turn_scores --held-out``), never tuned on.
+# Held out: written after the rule was fitted to ITEMS (Whisper's last-word probability and the "?" cue), spoken the same way and scored only by the bench (``turn_scores --held-out``), never tuned on.
 HELD_OUT: tuple[Item, ...] = (
     _c("question", "Where is the nearest train station?"),
     _c("question", "How far away is the moon?"),

@@ -31,7 +31,7 @@ RATE = WIRE_RATE
 FRAME = FRAME_SAMPLES  # 20 ms
 SOUND_RMS = 0.01  # a received frame louder than this is sound (Opus codes silence as near-zero)
 ONSET = RATE // 200  # 5 ms: the first sound is the first 5 ms window above SOUND_RMS (a 20 ms grid put Opus's
-# 6.5 ms codec delay into the next frame more often than not: +20 ms measured for +6.5 ms real, in a loopback)
+# 6.5 ms codec delay into the next frame more often than not, reading +20 ms for +6.5 ms)
 
 
 def first_loud(x: np.ndarray, window: int) -> int | None:

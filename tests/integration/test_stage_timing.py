@@ -106,7 +106,7 @@ def test_first_token_split_by_the_upstreams_own_timings():
 
 async def test_the_servers_numpy_blas_pool_runs_one_thread(live_server, speech_samples):
     """numpy's OpenBLAS, left at one thread per core, wakes a worker for Whisper's mel filter that then spins ~100
-    ms: on two cores that is CPU the other sessions' decodes need (README "Several sessions at once").
+    ms: on two cores that is CPU the other sessions' decodes need (docs/tuning-cpu.md, "numpy's BLAS").
     ``/debug/state`` lists the native pools the server loaded; after a spoken turn numpy's BLAS runs one thread."""
     audio, sr, _ = speech_samples["capital"]
     async with asyncio.timeout(180), connect(live_server) as rt:

@@ -106,9 +106,9 @@ class ARScheduler(ThreadedScheduler):
         turn of a running conversation, a new session's first question) prefills whole in one forward.
         ``prefill_tokens_while_decoding`` (default a quarter of it) is the bound while requests are decoding:
         on CPU 16 prefill tokens cost about one decode step, so a long prefill and the running answers share
-        the thinker about evenly instead of every answer's next token waiting behind a full chunk (measured
-        with ``latency_bench soak``: 32 / 8 instead of 64 / 16 gave the bystander nothing more beside the
-        hold below and slowed the heavy session's turns). ``history_tokens`` overrides a session's share of
+        the thinker about evenly instead of every answer's next token waiting behind a full chunk (smaller
+        bounds gave the bystander nothing more beside the hold below and slowed the heavy session's turns:
+        docs/tuning-cpu.md, "PyTorch fallback chunks"). ``history_tokens`` overrides a session's share of
         the KV, ``conversation_tokens`` bounds the conversation kept after the instructions (see
         ``omni_rt.engine.prompt.history``). ``short_priority_tokens``: while a short request is waiting, prefilling
         or has sampled fewer than this many tokens, long prompts wait (``_held_back``); 1 = only until its
@@ -468,8 +468,8 @@ class ARScheduler(ThreadedScheduler):
         """Whether long prompts wait this iteration: while a short one is waiting for a slot, prefilling,
         or decoding with fewer than ``short_priority_tokens`` tokens. Its first words are what the listener
         waits for; a long prefill sharing the forward would make its prefill a wider batch and each of
-        those tokens a decode step plus a prefill share (the bystander of issue #26: ~2.4x its solo first
-        words beside one heavy session). The llama.cpp thinker holds its heavy pieces back the same way
+        those tokens a decode step plus a prefill share (the bystander of issue #26 took several times its solo
+        time for its first words beside one heavy session). The llama.cpp thinker holds its heavy pieces back the same way
         (``prefill_pieces.ShortPrefills``). Two caps keep a long prompt slowed, never starved: a short
         request holds only within ``HOLD_CAP_S`` of its arrival, and a hold lasts at most ``HOLD_CAP_S``
         in a row (then one iteration of long prefill) however many short requests keep arriving.
@@ -502,7 +502,7 @@ class ARScheduler(ThreadedScheduler):
         smaller share — unless the shortest candidate fits a full chunk, which then gets all it needs and
         finishes in this one forward. A short turn arriving among long prefills would otherwise take
         several iterations of (its share + everyone's decode step) for its first token (the bystander of
-        issue #26 waited ~3x its solo time); a whole short prompt costs the decoding answers one forward
+        issue #26); a whole short prompt costs the decoding answers one forward
         of at most a chunk, once per request — the bound the chunk size already promises them. ``cands``:
         the candidates that may prefill now (``_prefill_candidates``)."""
         shortest = cands[0][0] if cands else 0

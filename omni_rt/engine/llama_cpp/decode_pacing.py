@@ -1,8 +1,8 @@
 """An answer far ahead of its playback steps out of llama-server's batch while another answer is starting.
 
-Why (issue #24): on a CPU, llama-server's decode step costs more the more slots it decodes at once (SmolLM2 F16
-on one thread of a 2-vCPU Xeon: 26 ms a token for one answer, 47 for four, 68 for eight). A voice answer's
-text runs far ahead of its speech — 35 words (~10 s of speech) are decoded in ~2 s — so at four sessions a new
+Why (issue #24): on a CPU, llama-server's decode step costs more the more slots it decodes at once (a step
+for eight answers costs well over twice one for one). A voice answer's
+text runs far ahead of its speech (a full answer decodes in a fraction of the time it takes to speak), so at four sessions a new
 answer's first clause, which the listener is waiting for, shared every step with the later sentences of the
 answers already playing, which nobody is waiting for yet. llama-server has no per-request priority, so an
 answer steps out itself: while a short request is starting (``prefill_pieces.ShortPrefills``) and the answer
@@ -14,12 +14,13 @@ text so far as tokens, almost all of it found in the cache.
 The lead is estimated from the words of the clauses decoded so far (the talker speaks whole clauses: the words
 of an unfinished one cannot play yet) and the time since the first text, at ``SPEECH_S_PER_WORD``, a lower
 bound on speech time; the clock starts at the first text, before the talker has made any audio. Both err
-towards resuming early, and it resumes with ``RESUME_AHEAD_S`` left: finishing a clause at four answers' step
-cost (~5 tokens at ~47 ms) and synthesising it (~70-150 ms) take ~0.4 s, but with 0.8 s paced answers still had
-playback gaps (the talker's own queue is not in the estimate), so it is 1.0 s.
+towards resuming early, and it resumes with ``RESUME_AHEAD_S`` left: more than finishing and synthesising a
+clause takes, with room for the talker's own queue, which is not in the estimate (less left still gave
+playback gaps).
 
-Off in the CPU preset (``pace_ahead_s`` unset): measured at 4 and 8 sessions it cut TTFA a little and added
-playback gaps (README "Several sessions at once").
+Off in the CPU preset (``pace_ahead_s`` unset): under load it trades a little first-audio time for gaps in the
+answers being played, and a listener hears a gap more than a short wait. The numbers: docs/tuning-cpu.md
+("decode pacing") and docs/benchmarks/concurrency.md ("Decode pacing, measured and not adopted").
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@
 Why (issue #26): llama-server fills each ``-b`` batch slot by slot, and the scheduler puts a short request in
 a lower slot than a long one (``LlamaCppThinker._take_slot``), so the short one's tokens go first — but the
 long prefill still fills the rest of every batch. The short request's forward is then a full 16-token batch
-instead of its own dozen tokens, and it waits behind the full batch in flight when it arrives: a bystander's
-first token took 2.3-2.7x its solo time beside a heavy session (``latency_bench soak``). llama-server has no
+instead of its own dozen tokens, and it waits behind the full batch in flight when it arrives, so a bystander's
+first token took several times its solo time beside a heavy session. llama-server has no
 per-request batch share, so omni-rt feeds a heavy prompt's new tokens itself: prefill-only requests
 (``n_predict: 0``, the same slot, ``cache_prompt``) each one batch longer than the last, and before each one it
 waits while any short request is still prefilling (``ShortPrefills``). The real request then finds all but
-the last piece cached (measured: 384 of 401 tokens), and costs the heavy prompt ~2 ms of HTTP per piece
-(~5% of a 16-token forward).
+the last piece cached; the heavy prompt pays one small HTTP round trip per piece, a few percent of a
+16-token forward. Numbers: docs/tuning-cpu.md ("prefill pieces"), docs/benchmarks/soak.md.
 """
 
 from __future__ import annotations

@@ -82,21 +82,21 @@ class LlamaServerArgs:
             "-t", str(self.threads), "-tb", str(self.threads), "--poll", "0",
             "-c", str(self.ctx_size), "--parallel", str(self.parallel), "--kv-unified" if self.unified_kv else "--no-kv-unified",
             # no host-RAM prompt cache by default: each session keeps its own slot (the slot picker), so it only
-            # helps when sessions outnumber slots, and it grew the RSS by its cap over a run (soak --quick,
-            # 2026-12-03: drift +202 MB with 256 MiB, +58 MB with 0; bystander/solo TTFT 1.98x vs 1.37x)
+            # helps when sessions outnumber slots, and it grows the RSS by its cap over a run (docs/tuning-cpu.md,
+            # "prompt cache in RAM")
             "--cont-batching", "--cache-ram", str(self.cache_ram_mib), "--jinja", "--no-webui", "--metrics", "--slots",
             *(("-b", str(self.batch_tokens), "-ub", str(self.batch_tokens)) if self.batch_tokens else ()),
             # a trailing assistant message is a whole turn, not a prefix to continue: a response.create with no
             # new user input starts a new answer (with prefill, llama-server continued the last reply, and
             # refused two assistant messages at the end: "Cannot have 2 or more assistant messages ...")
             "--no-prefill-assistant",
-            # no weight repacking: on an Intel Xeon with AVX-512 + AMX the vendored llama.cpp crashed at load
-            # (SIGSEGV or SIGILL) repacking a Q4_1 or Q8_0 GGUF; F16 is not repacked either way
+            # no weight repacking: on a CPU with AVX-512 + AMX the vendored llama.cpp crashes at load (SIGSEGV or
+            # SIGILL) repacking a Q4_1 or Q8_0 GGUF; F16 is not repacked either way
             "--no-repack",
             # a history trimmed at its front (omni_rt.engine.prompt.history drops the oldest turns) keeps the slot's KV of
             # the rest: llama-server finds chunks of >= N cached tokens past the change and shifts them into place
-            # (RoPE re-rotation) instead of re-evaluating them. Measured: a 736-token history trimmed to 581
-            # evaluated 564 tokens (3.6 s on 2 busy cores) without it, 18 with it. 0 turns it off.
+            # (RoPE re-rotation) instead of re-evaluating them, so a trim costs a few tokens, not the whole kept
+            # history (docs/tuning-cpu.md, "cache reuse"). 0 turns it off.
             *(("--cache-reuse", str(self.cache_reuse_tokens)) if self.cache_reuse_tokens else ()),
             *self.extra_args,
         ]  # fmt: skip
@@ -105,12 +105,11 @@ class LlamaServerArgs:
 class LlamaServer:
     """One supervised ``llama-server`` on a private 127.0.0.1 port.
 
-    Fairness (issue #26, measured with ``latency_bench soak``, heavy + bystander + dropper, 2 shared cores):
-    ``batch_tokens`` (``-b``/``-ub``, default 16 instead of 2048/512) bounds the tokens of one forward, so a
-    heavy session's long prefill is cut into 16-token batches that the others' prompts and decode tokens join
-    instead of waiting behind the whole prefill. Bystander first-token / solo: 24.6x with the old flags,
-    8.1x at 64, 4.9x at 32, 2.3x at 16, 1.8x at 8 (one run each, n=3-5); a lone 400-word prompt took the same
-    ~2.5 s at 16, 64 and 2048, and 8 leaves a new prompt only one token per step beside 7 decoding slots; per-slot KV (``unified_kv=False``: ``ctx_size / parallel`` tokens each) keeps each
+    Fairness (issue #26): ``batch_tokens`` (``-b``/``-ub``, default 16 instead of 2048/512) bounds the tokens of
+    one forward, so a heavy session's long prefill is cut into 16-token batches that the others' prompts and
+    decode tokens join instead of waiting behind the whole prefill. Smaller batches help a bystander more while a
+    lone long prompt takes the same time, but 8 leaves a new prompt only one token per step beside 7 decoding
+    slots (the numbers: docs/tuning-cpu.md, "batch size"; docs/benchmarks/soak.md); per-slot KV (``unified_kv=False``: ``ctx_size / parallel`` tokens each) keeps each
     session's prefix in its own slot and its attention over its own cells only — with one unified KV every
     forward attends over every slot's cells, and an idle slot's prefix is copied out to the RAM cache and
     cleared at each new request. The scheduler picks slots so a short new part goes first in each batch.

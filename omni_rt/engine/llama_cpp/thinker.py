@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>\n", "\n</tool_call>"  # the own tool format (omni_rt.engine.tools.prompt)
 FORCED_CALL_MAX_TOKENS = 384
 # a prefill hint is speculative work: taken only while at most this many answers are in flight. On one llama.cpp
-# thread its pieces share every decode step with the answers playing, so at 8 sessions hints slowed the others'
-# first clauses (V2V p50 +150-300 ms, latency_bench --sessions 1,4,8); a lone session and light load keep them
+# thread its pieces share every decode step with the answers playing, so under load hints slow the others'
+# first clauses (docs/benchmarks/concurrency.md, "Prefill hints under load"); a lone session and light load keep them
 HINT_MAX_ANSWERS_IN_FLIGHT = 1
 
 
@@ -183,9 +183,9 @@ class LlamaCppThinker(RemoteThinker):
         are new when a slot was taken, else None.
 
         Why a session keeps its slot even out of that order: moved, it re-prefills its whole conversation
-        (150-220 tokens, 1-3 s at eight sessions) and evicts the prefix of the session whose slot it took,
-        which then moves in turn. At 8 sessions x 10 turns that cascade made TTFA p50 3.2 s (llama-server's
-        log: 25 moves, the moved prompts then fed as heavy pieces); keeping the slot, 0.7 s."""
+        and evicts the prefix of the session whose slot it took, which then moves in turn; under load that
+        cascade made every moved prompt a heavy one and first tokens seconds late (docs/benchmarks/concurrency.md,
+        "Long sessions")."""
         ids = self.prompt_ids.pop(request_id, None)
         if ids is None or self.history is None:
             return None

@@ -39,9 +39,8 @@ def _penalty_fields(s: SamplingParams, dialect: Dialect) -> dict[str, Any]:
     (the answer policy still bounds the answer).
 
     llama.cpp gets none of the repetition/frequency/presence penalties: its penalties count the prompt's tokens
-    too (ours count the answer only), which pushes the answer off the question's own words. With repeat_penalty
-    1.2 SmolLM2 answered "What is the capital of France?" in French and filled a forced call's "city" with 384
-    tokens of junk instead of "Paris" (one run each, 2026-12-01)."""
+    too (ours count the answer only), which pushes the answer off the question's own words (docs/benchmarks/engine.md,
+    "Penalties through llama.cpp")."""
     out: dict[str, Any] = {}
     if dialect != "llama.cpp":
         if s.repetition_penalty != 1.0:

@@ -196,7 +196,7 @@ class Grammar:
                 bitmask[row, t // 32] |= _bit(t)
             return
         # what llguidance.torch.fill_next_token_bitmask does, without importing that module: its
-        # @torch.compile decorator pulls in torch._dynamo (~3 s on the first forced call, measured)
+        # @torch.compile decorator pulls in torch._dynamo, seconds on the first forced call (docs/tuning-cpu.md)
         v = bitmask[row]
         self.matcher.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * v.element_size())
 

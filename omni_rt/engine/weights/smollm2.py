@@ -2,12 +2,10 @@
 embedding Q8_0) and the GGUF of the same weights that llama.cpp serves, in the format the preset names
 (thinker arg ``gguf_format``: ``q8_0`` or ``f16``), written once to the cache outside the repo.
 
-Why the format is the preset's: which of ggml's CPU kernels is fastest depends on the CPU. On the AMD EPYC the
-preset was first measured on, F16 beat Q4_1 and Q8_0, most when several sessions decode in one batch (README,
-"The thinker ladder"). On the Intel Xeon (AVX-512, 2 cores) of the current reference machine Q8_0 wins
-everywhere (llama-server alone, one thread, no repacking; 2026-12-06): decode 18.5 ms a token for one request
-(F16 28.5, the packaged Q4_1 17.4), 36.6 at four (49.0, 39.2), 56.4 at eight (68.4, 71.0); a prompt token 5.2 ms
-(5.7, 7.5). Torch-free so the inventory and the llama.cpp path start without importing it.
+Why the format is the preset's: which of ggml's CPU kernels is fastest depends on the CPU (its vector
+extensions), and the lead changes with how many sessions decode in one batch, so the preset names the format
+measured best on its reference machine and ``f16`` stays the other choice (the numbers, per CPU:
+docs/tuning-cpu.md, "weight format"). Torch-free so the inventory and the llama.cpp path start without importing it.
 """
 
 from __future__ import annotations

@@ -9,11 +9,9 @@ from omni_rt.stages.asr.decoding import Transcriber
 from omni_rt.stages.asr.stage import AsrWorker
 
 GPU_MAX_BATCH = 8  # not measured on a GPU yet: batch rows are cheap next to Whisper's fixed-window encoder
-# faster-whisper tiny.en int8 on 2 cores shared with other jobs, 4 sessions committing at once (python -m
-# latency_bench stages asr-batch; the first commit runs alone, the rest queue): all four finals in 0.634 s with max_batch 2
-# vs 0.702 s one at a time (best of 7; mean commit->final 0.425 vs 0.433 s); earlier runs 0.92 vs 1.24 s and 0.85
-# vs 0.78 s. max_batch 4: the same 0.634 s but a worse mean (0.517 s): on CPU the encoder's cost grows with the
-# batch, so only the decoder's steps are shared. Two it is: ~10% more throughput, no worse mean latency.
+# On CPU the encoder's cost grows with the batch, so only the decoder's steps are shared: a batch of two gives a
+# little more throughput when sessions commit at once with no worse mean latency, four no more throughput and a
+# worse mean (python -m latency_bench stages asr-batch; the numbers: docs/tuning-cpu.md, "ASR batch").
 CPU_MAX_BATCH = 2
 
 

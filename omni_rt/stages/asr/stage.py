@@ -10,14 +10,14 @@ VAD segmentation (``turn_audio.TurnAudio``: the stream, Silero, the turn's audio
 ``semantic_vad`` (``turn_scoring``: Smart Turn's score and the transcript's words -> the silence that ends the
 turn) and decoding (``decoding.DecodeQueue``: one Whisper worker, fair across sessions, batched).
 
-Why decode during the silence: Whisper always encodes a 30 s window (~250 ms on 2 cores for tiny.en, whatever
-the audio length), so waiting for ``speech_stopped`` before decoding puts that whole cost on the critical path.
+Why decode during the silence: Whisper encodes a fixed window (at least ``min_window_s``, whatever the audio
+length), so its cost does not shrink with a short turn, and waiting for ``speech_stopped`` before decoding puts that whole cost on the critical path.
 Once the VAD has seen ``speculative_after_ms`` of trailing silence we transcribe the turn; if no speech
 follows before ``silence_duration_ms`` ends the turn, that transcript *is* the final one and is ready the moment
 the turn ends. A session alone on the server starts sooner, at ``speculative_alone_after_ms``: a decode wasted
-on a short pause then delays nobody, and the held answer is more often ready when the turn ends (measured, 12
-turns twice each: 1 session TTFA p50 24, 22 ms at 100 ms vs 47, 38 at 150), while with four sessions the extra
-decodes on shared cores cost more than they gained (TTFA p50 178 vs 96 ms), so shared sessions keep the longer one.
+on a short pause then delays nobody, and the held answer is more often ready when the turn ends, while with
+several sessions the extra decodes on shared cores cost more than they gain, so shared sessions keep the longer
+one (the numbers: docs/tuning-cpu.md, "decode in the silence, alone").
 
 Partials (``TranscriptPartial``): while the user speaks, the growing turn is decoded every
 ``partial_interval_ms`` of audio (``partial_alone_interval_ms`` for a session alone on the server), for the
@@ -100,8 +100,8 @@ PARTIAL_IN_PAUSE_MS = 64
 # semantic_vad, a session alone on the server: its speculative decode starts here, before the score point
 # (``SCORE_AFTER_MS``, where Smart Turn scores): the verdict needs Whisper's words (~100-150 ms) and the held
 # answer starts from them, so both come ~55 ms sooner; a decode wasted on a stop inside a sentence delays no one
-# else. Measured live (latency_bench turns --turn-detection semantic_vad, 2 pairs): V2V median 561 -> 524 ms, first
-# token after speech_stopped 57 -> 48, no more cuts. Shared sessions keep the score point (the decodes are shared).
+# else (numbers: docs/tuning-cpu.md, "A session alone, words first"). Shared sessions keep the score point (the
+# decodes are shared).
 SEMANTIC_DECODE_ALONE_AFTER_MS = PARTIAL_IN_PAUSE_MS
 
 
@@ -356,8 +356,8 @@ class AsrWorker(SessionScheduler):
             silence = st.seg.vad.silence_ms
         if silence >= pause_ms:
             # semantic_vad, shared sessions: Whisper starts at the pause the turn model scores, side by side with
-            # it: gated on the verdict, the decode added the whole score (110 ms idle, ~500 ms on a loaded machine)
-            # to the transcript's time (measured with latency_bench turns --turn-detection); the answer stays gated on
+            # it: gated on the verdict, the decode would add the whole score to the transcript's time (more on a
+            # loaded machine; docs/tuning-cpu.md, "Shared sessions"); the answer stays gated on
             # the verdict. Alone, the decode comes first (``_words_first``)
             if st.speculative is None and not st.spec_pending:
                 st.spec_pending = True

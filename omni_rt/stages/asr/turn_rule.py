@@ -52,63 +52,24 @@ eagerness  sure  complete  audio-    unsure   max   why
 ``auto``   = medium                                 the GA default, "equivalent to medium"
 =========  ====  ========  ========  =======  ====  ===========================================================
 
-Why this shape (measured on the labelled set, ``omni_rt/testing/turn_set.py``: 24 complete and 20 hesitant
-utterances in 3 Piper voices, 229 pauses; ``python -m latency_bench turns --stage-level``, 2026-12-02):
+Why this shape (the full record, with the labelled set's numbers: docs/benchmarks/turn-taking.md, "Why the
+semantic_vad rule has its shape"; the summary: docs/tuning-cpu.md, "Turn detection"):
 
-* Smart Turn alone cannot separate them: complete utterances score 0.01-0.99 at their end (a dozen-word
-  request 0.02-0.28, a statement 0.15-0.5), hesitations 0.006-0.98; and the comma pause inside "Hi there, how
-  are you" scores 0.94-0.99, so audio alone ended 9 of 72 complete utterances mid-sentence at 200 ms.
-* The words alone cannot either: Whisper drops most fillers ("I would like to order, uh," -> "I would like to
-  order.") and writes a full stop after a fragment, so "a finished-looking sentence ends the turn at 200 ms"
-  cut 14 of 60 hesitations. What words do tell reliably is the *open* end (the last word is "for", "the",
-  "and", "does"...): none of the 132 complete endings in the set does, 47 of the 60 hesitations do. And a
-  greeting alone ("Hi there.", "Hello?") is a lead-in, not a turn (11 pauses, all mid-utterance).
+* Smart Turn alone cannot tell a finished turn from a hesitation: both score across its whole range, and a
+  comma pause inside a sentence can score as sure as an end.
+* The words alone cannot either: Whisper drops most fillers and writes a full stop after a fragment. What the
+  words tell reliably is the *open* end (a last word that cannot end a sentence), and a greeting alone is a
+  lead-in.
 * So the words hold a turn open or cap how long a finished-looking one can wait (``unsure_silence_ms``, longer
-  than the set's hesitations, so a dropped filler costs latency, not a cut), and the audio decides between
-  the sure and the unsure end. With the text alone (no last-word probability), auto: 62 of 127 endings at
-  200 ms (complete utterances 50 of 71), the rest at 1000 ms (none waits the 4 s max; Smart Turn alone: 54 of
-  117, p95 4 s); complete utterances cut at an inner pause 1 of 72 (9 alone); hesitations cut 4 of 60 (6
-  alone), all where Whisper invented a closing word ("parkour.", "for it.", "to you.") and Smart Turn was sure.
-* Whisper's probability of its last word (``guess``) catches those: on the 132 complete endings it is p5 0.56,
-  p10 0.74, median 0.98 (3 below 0.5, all already unsure by the audio); on the 13 hesitation pauses the text
-  could end at it is median 0.45, and 3 of the 4 cuts were 0.19, 0.26 and 0.498 ("for it." was 0.65: still
-  cut). The 0.498 is a thin margin: another machine's rounding could give that one back (2 of 60).
-* A confident "?" (``question``) is a finished question far more often than Smart Turn says: the long request
-  "Could you please tell me ... on a normal day?" scores 0.15-0.28 and "Why is the sky blue?" 0.47-0.58. But a
-  fragment can be a confident question too: on the held-out items "Can you, uh," -> "Can you?" (p 0.96) and
-  "Where did I, um," -> "Where did I?" (0.97), which Smart Turn scored 0.01-0.13. So the question is sure only
-  when Smart Turn is at least at its audio-only level (``complete_threshold``); without that floor the set
-  gave 59 of 71 complete utterances at 200 ms but the held-out items 2 more cuts. (That floor was chosen after
-  seeing the held-out items, so for it they are no longer held out.)
-* Together (without the second look, below), auto, on the set: hesitations cut 1 of 60 (was 4), complete
-  utterances cut mid-way 1 of 72 (was 1), complete utterances ended at 200 ms 54 of 71 (was 50), all endings 73
-  of 130 (was 62 of 127), end silence p50 200 ms / p95 1000 ms (was 1000 / 1000). low: 1/60 (was 4), 0/72, 50 of 72 at 400 ms (was 47). high:
-  7/60 (was 9), 1/72, 58 of 71 at 150 ms (was 54). On the held-out items (``turn_set.HELD_OUT``: 8 complete,
-  8 hesitant, written after the last-word rule was chosen; ``turn_scores --held-out``), auto: hesitations cut
-  2 of 24 (text alone 3, Smart Turn alone 9), complete cut mid-way 1 of 24 (1), complete utterances ended at
-  200 ms 15 of 23 (14); high: 8 of 24 (7: "Where did I?" at a 160 ms comma pause, sure at 150 ms).
-* The thinker's own end-of-turn probability (SmolLM2-135M, P(<|im_end|> | transcript), the cue LiveKit
-  uses with a model trained for it; ``python -m latency_bench turns --stage-level --thinker-cue``) was measured and is not
-  used: complete endings p5/p50/p95 0.001/0.16/0.87, hesitation pauses 0.000/0.004/0.62; it gives 0.001 to
-  "I just got back from a long trip to Spain." and 0.74 to the fragment "Can you tell me that?", and where the
-  two cues above leave doubt (a finished-looking transcript, Smart Turn unsure) it overlaps completely.
-* The second look (``Eagerness.second_look``, not with ``low``): an unsure verdict on words that can end, whose
-  last word Whisper is sure of (p >= ``SURE_WORD_FROM``), is scored by Smart Turn again at ``SECOND_LOOK_MS`` =
-  300 ms of silence, and ends the turn then if sure. Smart Turn is much surer of a finished sentence a little
-  later (the London request, plain voice: 0.15 at 120 ms, 0.99 at 500 ms), while a dropped filler stays low
-  ("I would like to order.", 0.01 at 300 ms). On the set, auto: 5 more complete utterances end at 300 ms (54 +
-  5 of 71 by 300 ms), no more cut; high +6; held-out auto +6 (15 + 6 of 23), no more cut. At 200 ms it gained
-  0 (auto), at 500 ms 12 but later and closer to the hesitations' 400-900 ms. Without the sure-word gate it
-  gained 2 more held-out endings, but under room noise (below) it cut 3 more hesitations of 60: Whisper hears
-  "is in the" as "is in there." and "for" as "for it." with p 0.56-0.73, and Smart Turn at 300 ms was sure
-  (0.91-0.97). (The held-out and room-noise numbers were seen before the look and its gate were adopted: for
-  those two choices they are not held out.) Re-decoding with Whisper at 300 or 500 ms was measured too and is
-  not used: it gave the same transcript at every hesitation cut (the invented word stays), so it cannot undo
-  one. The cost: one more Smart Turn score (~30 ms) on such a pause once it lasts 300 ms.
-* Light room noise (``turn_scores --room-noise``: seeded white noise at RMS 0.003, ~30 dB under the speech,
-  silences included), auto: hesitations cut 3 of 60 (sound + text: 7, Smart Turn alone: 15; the noise makes
-  Smart Turn surer of everything), complete cut mid-way 1 of 72, complete utterances ended at 200 ms 59 of 71
-  + 2 at 300 ms (text: 58); held-out with noise: 1 of 24 cut (text: 4), 21 of 23 at 200 ms (21).
+  than hesitation pauses, so a dropped filler costs latency, not a cut), and the audio decides between the sure
+  and the unsure end.
+* Whisper's probability of its last word (``guess``) catches the fragments Whisper closed with an invented word.
+* A confident "?" (``question``) is a finished question far more often than Smart Turn says, but a fragment can
+  come out as a confident question too, so it is sure only when Smart Turn is at least at its audio-only level.
+* The second look: Smart Turn is much surer of a finished sentence a little later, while a dropped filler stays
+  low; gated on a last word Whisper is sure of, because without the gate room noise made it cut hesitations.
+* Not used: the thinker's own end-of-turn probability (it overlaps completely where the cues above leave
+  doubt) and re-decoding with Whisper later in the pause (the invented word stays, so it cannot undo a cut).
 
 The audio is scored at ``SCORE_AFTER_MS`` = 120 ms of silence (about four 32 ms Silero frames: shorter gaps are
 the stops inside words; counted from the sound's end, ``TurnDetection.silence_from_sound_end``); with Smart Turn's ~30 ms and Whisper's ~100 ms (idle, 2 cores) the verdict is in by
@@ -225,14 +186,10 @@ class TurnDetection:
     ``silence_duration_ms`` is the eagerness' max silence, so a turn the model calls incomplete still ends.
     ``silence_from_sound_end``: a pause counts from where the sound ended, not from Silero's last speech frame
     (``omni_rt.backends.vad.ENERGY_END_RATIO``). Off under ``semantic_vad`` for the verdict's silences: every one
-    of them was measured from Silero's frames, and counting them from the sound instead made the labelled set's
-    inner comma pauses outlast the 200 ms sure silence (auto: complete utterances cut mid-way 4/72 instead of
-    1/72, hesitations 2/60 instead of 1/60; ``omni_rt.testing.turn_scores``, 2026-12-03). Its score point
-    (``SCORE_AFTER_MS``: Smart Turn and the speculative decode) does count from the sound's end, ~90 ms sooner,
-    so the transcript the held answer starts from comes that much sooner (live semantic V2V p50 908 -> 756 ms,
-    README "Turn taking"). Auto, before -> after (``omni_rt.testing.turn_scores``; ``--score-from-silero`` gives
-    before): hesitations cut 1/60 -> 0/60 (held out 2/24 -> 1/24, room noise 3/60 -> 2/60), complete cut mid-way
-    1/72 -> 1/72, endings at the sure silence 72/130 + 17 at the second look -> 68/131 + 20.
+    of them was chosen on silences counted from Silero's frames, and counting them from the sound instead made
+    inner comma pauses outlast the sure silence and cut sentences mid-way. Its score point (``SCORE_AFTER_MS``:
+    Smart Turn and the speculative decode) does count from the sound's end, so the transcript the held answer
+    starts from comes sooner (numbers: docs/benchmarks/turn-taking.md, "Why the semantic_vad rule has its shape").
     """
 
     enabled: bool = True

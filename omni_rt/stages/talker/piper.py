@@ -45,7 +45,7 @@ class PiperTalker(ClauseStreamWorker):
             self._speak(request_id, state, clause, pieces, limit=1)
             rest = functools.partial(self._speak, request_id, state, "", pieces)
             # due at once: it must play right after the first piece, as urgent as a newer answer's first audio (due
-            # a little before the piece ends instead, 8 sessions' newer first pieces kept passing it: gaps p50 151 ms)
+            # a little before the piece ends instead, newer answers' first pieces kept passing it and it played late)
             self.queue_speech(request_id, state, rest, time.perf_counter(), continues=True)
 
     def _speak(self, request_id: str, state: StreamState, text: str, pieces: Iterator[np.ndarray],

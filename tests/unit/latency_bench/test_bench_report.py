@@ -69,6 +69,28 @@ def test_quality_bench_derives_its_two_presets(tmp_path):
     assert load_preset(greedy).name == "cpu-greedy"
 
 
+def test_quality_update_docs_rewrites_only_the_marked_table(tmp_path):
+    """``quality --update-docs`` replaces what lies between the page's markers and keeps the prose and history
+    around them; a page without the markers is refused with an error naming them (no guessing where to write)."""
+    import pytest
+
+    from latency_bench.quality import BEGIN, DOCS_PAGE, END, update_docs
+
+    assert BEGIN in DOCS_PAGE.read_text() and END in DOCS_PAGE.read_text(), "docs/benchmarks/quality.md keeps its markers"
+    page = tmp_path / "quality.md"
+    page.write_text(f"# Answer quality\n\nprose\n\n{BEGIN}\nold header\n\n| old |\n{END}\n\n## History\nkept\n")
+    update_docs("| metric | preset |\n|---|---|\n", "new header", page)
+    text = page.read_text()
+    assert text == f"# Answer quality\n\nprose\n\n{BEGIN}\nnew header\n\n| metric | preset |\n|---|---|\n{END}\n\n## History\nkept\n"
+    update_docs("| again |", "h2", page)
+    assert text.replace("new header", "h2").replace("| metric | preset |\n|---|---|", "| again |") == page.read_text()
+    bare = tmp_path / "bare.md"
+    bare.write_text("# no markers\n")
+    with pytest.raises(ValueError, match="quality:begin"):
+        update_docs("| x |", "h", bare)
+    assert bare.read_text() == "# no markers\n"
+
+
 def test_a_listener_speaks_again_once_the_answer_has_played():
     """``--pace playback``: the bench's simulated 24 kHz player, given the audio deltas as they arrived, says when
     the answer has played (gaps included), which is when a listener who hears it out starts the pause."""
