@@ -1,5 +1,9 @@
 """llama.cpp as the CPU thinker, part 3: the scheduler, a ``RemoteThinker`` over a managed ``llama-server``.
 
+Over 400 lines on purpose: the slot picker, the prefill hints, pacing's continuations and the request stream all
+read and write one per-slot state (which session's prefix each slot holds); what stands alone (the server
+process, the prefill pieces, the pacing rule) is already its own module.
+
 It owns the server process (``omni_rt.engine.llama_cpp.server``) through start/stop, picks each request's slot so
 a short new part goes first in every batch, sends the talker's language bias as ``logit_bias``, and renders
 tool prompts exactly as the built-in engine does for a model whose chat template has no tool support (with
