@@ -213,8 +213,18 @@ def test_a_session_alone_starts_its_speculative_decode_sooner(asr_parts, speech_
     """``speculative_alone_after_ms`` (100) for the only open session; ``speculative_after_ms`` (150) once
     another session is open. The VAD's own release lag is measured, not assumed: find the shortest trailing
     silence that starts a shared session's decode, then 16 ms less (the 50 ms difference spans one 32 ms VAD
-    frame or two) must start it for a session alone."""
-    shared = next((ms for ms in range(104, 420, 8) if _speculates_after(asr_parts, speech_16k, ms, others=1)), None)
-    assert shared is not None, "no speculative decode even after 420 ms of silence"
+    frame or two) must start it for a session alone. The shortest silence is found by bisection on an 8 ms grid
+    (a silence that starts the decode starts it at any longer one): each silence that starts nothing costs the
+    full wait, so a scan upwards from 104 ms cost one wait per grid step below the threshold."""
+    grid = list(range(104, 420, 8))
+    assert _speculates_after(asr_parts, speech_16k, grid[-1], others=1), "no speculative decode even after 420 ms of silence"
+    lo, hi = 0, len(grid) - 1  # grid[hi] starts the decode; bisection: at most log2(len(grid)) + 1 more runs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _speculates_after(asr_parts, speech_16k, grid[mid], others=1):
+            hi = mid
+        else:
+            lo = mid + 1
+    shared = grid[hi]
     assert not _speculates_after(asr_parts, speech_16k, shared - 16, others=1)
     assert _speculates_after(asr_parts, speech_16k, shared - 16, others=0), shared
