@@ -1,5 +1,5 @@
 """The GGUF llama.cpp serves for the CPU preset: a format it cannot write is refused by name. The conversions
-themselves (the packaged model, every tensor) are tests/integration/test_smollm2_gguf.py."""
+themselves (the packaged model, every tensor) are tests/integration/test_smollm2_gguf_conversion.py."""
 
 from __future__ import annotations
 
