@@ -40,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--webrtc-port-min", type=int, default=None, metavar="PORT",
                        help="with --webrtc-port-max: the UDP port range of WebRTC calls (one port per call and address)")
     serve.add_argument("--webrtc-port-max", type=int, default=None, metavar="PORT")
+    serve.add_argument("--webrtc-connect-timeout-s", type=float, default=None, metavar="S",
+                       help="time an answered WebRTC call gets to connect before it is freed (default 10)")
+    serve.add_argument("--webrtc-max-pending-calls", type=int, default=None, metavar="N",
+                       help="WebRTC calls waiting to connect at once (default 32; one more: 503)")
+    serve.add_argument("--webrtc-max-pending-per-client", type=int, default=None, metavar="N",
+                       help="of those, from one client IP address (default 8; one more: 429)")
     serve.add_argument("--random-weights", nargs="?", const="full", default=None, choices=["full", "tiny"],
                        help="random weights of the real model shapes on every stage that supports it (no hub "
                        "weights needed: for benchmarks); 'tiny' shrinks them for a CPU smoke run")

@@ -49,8 +49,9 @@ def check_access(ws: WebSocket | Request, settings: ServerSettings) -> str | Non
     return None
 
 
-async def admit(ws: WebSocket, runtime: Runtime, surface: str) -> bool:
-    """Accept the socket, then close it with a clear code if it may not stay (auth 1008, full 1013)."""
+async def admit(ws: WebSocket, runtime: Runtime, surface: str, new_session: bool = True) -> bool:
+    """Accept the socket, then close it with a clear code if it may not stay (auth 1008, full 1013).
+    ``new_session``: False for a WebRTC call's sideband, which joins a session that already holds its slot."""
     subprotocols = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     await ws.accept(subprotocol="realtime" if "realtime" in subprotocols else None)
     if over_capacity(ws.scope):  # every connection busy (omni_rt/server/connections.py)
@@ -62,7 +63,7 @@ async def admit(ws: WebSocket, runtime: Runtime, surface: str) -> bool:
         runtime.metrics.connections.labels(surface=surface, outcome="refused_auth").inc()
         await ws.close(code=CLOSE_POLICY, reason=safe_reason(refused))
         return False
-    if len(runtime.sessions) >= runtime.settings.max_sessions or runtime.draining:
+    if (new_session and len(runtime.sessions) >= runtime.settings.max_sessions) or runtime.draining:
         runtime.metrics.connections.labels(surface=surface, outcome="refused_full").inc()
         why = "server shutting down" if runtime.draining else f"server full: {runtime.settings.max_sessions} sessions"
         await ws.close(code=CLOSE_FULL, reason=why)
@@ -125,9 +126,12 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
         try:
             yield
         finally:
+            calls.close_pending("server shutting down")
             await shutdown(runtime)
 
+    calls = CallRegistry(runtime)  # WebRTC calls and the pool of those connecting (omni_rt.transports.webrtc)
     app = FastAPI(title="omni-rt", lifespan=lifespan)
+    app.state.calls = calls
     app.state.runtime = runtime
     install_error_handlers(app)
 
@@ -160,7 +164,8 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
         pools = [{"library": Path(p["filepath"]).name, "api": p["internal_api"], "threads": p["num_threads"]}
                  for p in threadpool_info()]  # the native thread pools loaded here: what shares the cores
         return JSONResponse({"live": runtime.live_state(), "total": runtime.coordinator.live_total(),
-                             "sessions": len(runtime.sessions), "cache": cache, "thread_pools": pools})
+                             "sessions": len(runtime.sessions), "webrtc": calls.state(), "cache": cache,
+                             "thread_pools": pools})
 
     @app.get("/debug/stage_times")
     async def debug_stage_times(request: Request, after: int = 0) -> JSONResponse:
@@ -176,12 +181,9 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
 
     app.mount("/static", StaticFiles(directory=web), name="static")
 
-    calls = CallRegistry(runtime)  # WebRTC calls (omni_rt.transports.webrtc)
-    app.state.calls = calls
-
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket) -> None:
-        if not await admit(ws, runtime, "realtime"):
+        if not await admit(ws, runtime, "realtime", new_session="call_id" not in ws.query_params):
             return
         if (call_id := ws.query_params.get("call_id")) is not None:  # sideband of a WebRTC call
             await calls.sideband(call_id, ws)
@@ -192,7 +194,8 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
 
     @app.post("/v1/realtime/calls")
     async def create_call(request: Request) -> Response:
-        """OpenAI's WebRTC flow: SDP offer in, 201 + SDP answer + Location out (omni_rt.transports.webrtc)."""
+        """OpenAI's WebRTC flow: SDP offer in, 201 + SDP answer + Location out (omni_rt.transports.webrtc). The
+        call waits in the pending pool (per client address) and takes a session slot only once it connects."""
         refused = check_access(request, settings)
         if refused is not None:
             runtime.metrics.connections.labels(surface="webrtc", outcome="refused_auth").inc()
@@ -204,9 +207,12 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
                 runtime.metrics.connections.labels(surface="webrtc", outcome="refused_full").inc()
                 why = "server shutting down" if runtime.draining else f"server full: {settings.max_sessions} sessions"
                 raise CallError(503, "server_full", why)
-            call = await calls.create(sdp, session, request.query_params.get("model"))
+            client = request.client.host if request.client is not None else "unknown"
+            call = await calls.create(sdp, session, request.query_params.get("model"), client)
         except CallError as exc:
-            return JSONResponse(exc.body(), status_code=exc.status)
+            if exc.code in ("rate_limit_exceeded", "too_many_pending_calls"):
+                runtime.metrics.connections.labels(surface="webrtc", outcome="refused_pending").inc()
+            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
         runtime.metrics.connections.labels(surface="webrtc", outcome="accepted").inc()
         return Response(call.pc.localDescription.sdp, status_code=201, media_type="application/sdp",
                         headers={"Location": f"/v1/realtime/calls/{call.id}"})

@@ -40,6 +40,9 @@ class Metrics:
                            "dropped: closed unread)", ["outcome"], registry=self.registry)
         self.connection_cap = Gauge("omni_rt_connection_cap", "Connections held at most (from the open-file limit)",
                                     registry=self.registry)
+        self.pending_calls = Gauge("omni_rt_webrtc_pending_calls", "WebRTC calls answered but not yet connected "
+                                   "(they hold no session; freed at connect, ICE failure or the connect deadline)",
+                                   registry=self.registry)
         self.live_state = Gauge("omni_rt_live_request_state", "Live per-request/per-session entries held by the runtime",
                                 registry=self.registry)
 

@@ -46,6 +46,13 @@ class ServerSettings(BaseSettings):
                               "tiny (Whisper's mel filter, ~0.5 ms a decode)")
     webrtc_media_timeout_s: float = Field(15.0, gt=0, description="end a WebRTC call when no audio arrives from the "
                                           "peer for this long (a peer that vanished without hanging up)")
+    webrtc_connect_timeout_s: float = Field(10.0, gt=0, le=120, description="a WebRTC call must connect (ICE and "
+                                            "DTLS, or its data channel open) this long after its offer is answered, "
+                                            "or it is freed; until then it holds no session")
+    webrtc_max_pending_calls: int = Field(32, ge=1, description="WebRTC calls answered but not yet connected, at "
+                                          "once; one more offer is refused with 503 too_many_pending_calls")
+    webrtc_max_pending_per_client: int = Field(8, ge=1, description="of those, from one source IP address (loopback "
+                                               "too); one more offer is refused with 429 rate_limit_exceeded")
     webrtc_hosts: list[str] = Field(default_factory=list, description="IP addresses a WebRTC call's UDP sockets "
                                     "bind and offer as ICE host candidates; empty = every interface address but "
                                     "loopback (aioice's own gathering). 127.0.0.1 keeps calls on this machine")

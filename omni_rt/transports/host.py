@@ -20,6 +20,12 @@ class TransportSettings(Protocol):
     idle_timeout_s: float  # a connection silent this long is closed
     send_timeout_s: float  # a send blocked this long means the client stopped reading
     speculative_responses: bool
+    max_sessions: int  # sessions open at once, every transport together
+    max_message_bytes: int
+    max_outgoing_bytes: int
+    webrtc_max_pending_calls: int  # WebRTC calls answered but not connected (omni_rt.transports.webrtc_admission)
+    webrtc_max_pending_per_client: int  # of those, from one source address
+    webrtc_connect_timeout_s: float  # a pending call not connected by then is freed
 
 
 class TransportHost(Protocol):

@@ -12,6 +12,11 @@ differs is only the carriage:
   RTP clock. What the track has handed out is what was played: barge-in clears the queue at once and truncates
   the assistant item to that, and ``output_audio_buffer.started/stopped/cleared`` follow the track, as
   OpenAI's WebRTC sessions send them. ``output_audio_buffer.clear`` (a WebRTC-only client event) is handled here.
+- Admission (``webrtc_admission.py``): an answered call is *pending* until ICE and DTLS connect or the data
+  channel opens; only then does it take a session slot (counted against ``max_sessions`` like a WebSocket
+  session; when the server is full at that moment the call gets an ``error`` event ``server_full`` and is closed).
+  A pending call holds a place in a bounded pool, capped per client address, and is freed when ICE fails or
+  ``webrtc_connect_timeout_s`` passes: offers that never connect cannot hold the server's sessions.
 - A call ends on hangup (``POST /v1/realtime/calls/{id}/hangup``), the peer closing or failing ICE, the data
   channel or mic track ending, no inbound audio for ``webrtc_media_timeout_s`` (a peer that vanished), or
   server shutdown; then its session and everything it held are freed.
@@ -41,6 +46,7 @@ from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.events import new_id
 from omni_rt.transports.host import new_session
 from omni_rt.transports.runner import SessionRunner
+from omni_rt.transports.webrtc_admission import PendingCalls
 from omni_rt.transports.webrtc_ice import GatherError, IceConfig, restrict_gathering
 from omni_rt.transports.webrtc_media import WIRE_RATE, PacedAudioTrack, decode_on_arrival, webrtc_available
 from omni_rt.transports.webrtc_offer import DATA_CHANNEL, CallError, check_offer, read_offer
@@ -60,10 +66,13 @@ __all__ = ["Call", "CallError", "CallRegistry", "read_offer", "webrtc_available"
 class Call:
     """One WebRTC call: the peer connection, the data channel, both audio directions, and its end."""
 
-    def __init__(self, host: "TransportHost", runner: SessionRunner, registry: "CallRegistry") -> None:
+    def __init__(self, host: "TransportHost", runner: SessionRunner, registry: "CallRegistry", client: str) -> None:
         from aiortc import RTCConfiguration, RTCPeerConnection
 
         self.id = new_id("rtc")
+        self.client = client  # the offer's source address: its place in the pending pool is counted per client
+        self.pending = True  # holds a place in registry.pending (not a session) until connected or freed
+        self.admitted = asyncio.Event()  # set once the call holds a session slot and its session is open
         self.host = host
         self.runner = runner
         self.session = runner.session
@@ -116,7 +125,9 @@ class Call:
     # ---- peer events -----------------------------------------------------------------------------------
     def _on_state(self) -> None:
         state = self.pc.connectionState
-        if state in ("failed", "closed"):
+        if state == "connected":
+            self._admit()
+        elif state in ("failed", "closed"):
             self.finish(f"peer connection {state}")
 
     def _on_datachannel(self, channel: Any) -> None:
@@ -127,9 +138,35 @@ class Call:
         channel.on("message", self._on_message)
         channel.on("close", lambda: self.finish("data channel closed"))
         if channel.readyState == "open":
-            self.channel_open.set()
+            self._channel_opened()
         else:
-            channel.on("open", self.channel_open.set)
+            channel.on("open", self._channel_opened)
+
+    def _channel_opened(self) -> None:
+        self._admit()
+        self.channel_open.set()
+
+    def _admit(self) -> None:
+        """Media or the data channel is up: give back the pending place and take a session slot (the same count
+        as a WebSocket session), or end the call when the server is full or shutting down."""
+        if self.admitted.is_set() or self.ended.is_set():
+            return
+        self.registry.release(self)
+        host = self.host
+        limit = host.settings.max_sessions
+        if getattr(host, "draining", False):
+            self.finish("server shutting down")
+        elif len(host.sessions) >= limit:
+            self.finish(f"server full: {limit} sessions")
+        if self.ended.is_set():
+            host.metrics.connections.labels(surface="webrtc", outcome="refused_full_at_connect").inc()
+            return
+        host.sessions.add(self.runner)
+        host.metrics.sessions.inc()
+        host.metrics.connections.labels(surface="webrtc", outcome="connected").inc()
+        self.last_media = time.monotonic()
+        self.runner.open()  # session.created goes out first on the data channel
+        self.admitted.set()
 
     def _on_track(self, track: Any) -> None:
         if track.kind == "audio":
@@ -160,6 +197,8 @@ class Call:
         try:
             while True:
                 frame = await track.recv()
+                if not self.admitted.is_set():  # media racing the admission (or refused by it): no session yet
+                    continue
                 self.last_media = time.monotonic()
                 pcm = frame.to_ndarray().astype(np.float32).reshape(-1, len(frame.layout.channels)).mean(axis=1) / 32768.0
                 if fmt != self.session.config.input_format or resampler is None or resampler.sr_in != frame.sample_rate:
@@ -260,7 +299,55 @@ class Call:
             self.end_reason = reason
             self.ended.set()
 
+    async def _await_admission(self) -> bool:
+        """Wait until the call is admitted; False when it ended first or its connect deadline passed."""
+        timeout = self.registry.pending.connect_timeout_s
+        waits = {asyncio.create_task(self.admitted.wait()), asyncio.create_task(self.ended.wait())}
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+        if self.admitted.is_set():
+            return True
+        self.finish(f"not connected within {timeout:g} s")  # else ICE failed, hung up, or refused at connect
+        if not self.end_reason.startswith("server"):
+            self.host.metrics.connections.labels(surface="webrtc", outcome="not_connected").inc()
+        return False
+
+    async def _refuse(self) -> None:
+        """A call that never got its session: say why on the data channel if it opened, then close the peer."""
+        try:
+            if self.end_reason.startswith("server") and self.pc.connectionState == "connected":
+                # refused at ICE/DTLS connect: the client's data channel opens just after; tell it there
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.channel_open.wait(), timeout=2.0)
+            if self.channel is not None and self.channel.readyState == "open" and self.end_reason.startswith("server"):
+                self.channel.send(json.dumps({"type": "error", "event_id": new_id("event"), "error": {
+                    "type": "invalid_request_error", "code": "server_full", "message": self.end_reason,
+                    "param": None, "event_id": None}}))
+                await asyncio.sleep(0.2)  # the SCTP sender's turn before the transport closes
+            # offers that never connect are counted (omni_rt_connections_total), not logged one line each
+            (log.info if self.end_reason.startswith("server") else log.debug)("call %s not admitted: %s", self.id, self.end_reason)
+        finally:
+            self.track.stop()
+            for task in self._tasks:
+                task.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.pc.close(), timeout=5.0)
+            self.registry.release(self)
+            self.registry.calls.pop(self.id, None)
+
     async def _serve(self) -> None:
+        try:
+            admitted = await self._await_admission()
+        except asyncio.CancelledError:
+            self.finish("server shutting down")
+            await self._refuse()
+            raise
+        if not admitted:
+            await self._refuse()
+            return
         host = self.host
         pump = asyncio.create_task(self._pump(), name=f"call-send-{self.id}")
         pump.add_done_callback(lambda t: t.cancelled() or t.exception() is None or self.finish("internal error while sending"))
@@ -298,6 +385,15 @@ class Call:
         validation), and it receives every server event the data channel gets, until either side leaves."""
         from starlette.websockets import WebSocketDisconnect
 
+        if not self.admitted.is_set():  # a controller of a call still connecting waits for its session
+            waits = {asyncio.create_task(self.admitted.wait()), asyncio.create_task(self.ended.wait())}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)  # ends by the connect deadline
+            for task in waits:
+                task.cancel()
+            if not self.admitted.is_set():
+                with contextlib.suppress(Exception):
+                    await ws.close(code=1000, reason="call ended")
+                return
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=MAX_SIDEBAND_EVENTS)
         self._sidebands.add(queue)
 
@@ -327,16 +423,28 @@ class Call:
 
 
 class CallRegistry:
-    """The server's live calls, by id (for hangup); creating one admits it as a session."""
+    """The server's calls, by id (for hangup and sidebands), and the pool of those still connecting."""
 
     def __init__(self, host: "TransportHost") -> None:
         self.host = host
         self.calls: dict[str, Call] = {}
         self.ice = IceConfig.from_settings(host.settings)  # where calls' ICE sockets bind (omni_rt.transports.webrtc_ice)
+        settings = host.settings
+        self.pending = PendingCalls(settings.webrtc_max_pending_calls, settings.webrtc_max_pending_per_client,
+                                    settings.webrtc_connect_timeout_s)
 
-    async def create(self, offer_sdp: str, session_config: dict[str, Any] | None, model: str | None) -> Call:
-        """Answer an offer: a new session (its config applied like ``session.update``), counted as a session
-        from the first moment so concurrent offers cannot exceed ``max_sessions``."""
+    def release(self, call: Call) -> None:
+        """The call's pending place is free again (it connected, failed, expired or was hung up); once only."""
+        if call.pending:
+            call.pending = False
+            self.pending.release(call.client)
+            self.host.metrics.pending_calls.set(len(self.pending))
+
+    async def create(self, offer_sdp: str, session_config: dict[str, Any] | None, model: str | None,
+                     client: str = "unknown") -> Call:
+        """Answer an offer from ``client`` (its IP address): a new session (its config applied like
+        ``session.update``), not yet open nor counted as a session: the call waits in the pending pool until
+        it connects (``Call._admit``)."""
         if not webrtc_available():
             raise CallError(501, "not_implemented", "WebRTC needs the 'webrtc' extra: pip install 'omni-rt[webrtc]'")
         check_offer(offer_sdp)
@@ -348,23 +456,33 @@ class CallRegistry:
             session = new_session(host, model, session=config or None)
         except ProtocolError as exc:
             raise CallError(400, exc.code, exc.message, exc.param) from None
-        runner = SessionRunner(host, session, "webrtc")
-        call = Call(host, runner, self)
-        host.sessions.add(runner)
-        host.metrics.sessions.inc()
+        self.pending.reserve(client)  # raises 429 / 503 when this client's share or the pool is full
+        try:
+            call = Call(host, SessionRunner(host, session, "webrtc"), self, client)
+        except BaseException:
+            self.pending.release(client)
+            raise
+        host.metrics.pending_calls.set(len(self.pending))
         try:
             await call.answer(offer_sdp)  # the answer SDP stays on call.pc.localDescription
         except BaseException:
-            host.sessions.discard(runner)
-            host.metrics.sessions.dec()
+            self.release(call)
             with contextlib.suppress(Exception):
                 await call.pc.close()
             raise
         self.calls[call.id] = call
-        runner.open()
         call.start()
-        log.info("call %s: session %s", call.id, session.id)
+        log.debug("call %s: session %s, waiting to connect", call.id, session.id)
         return call
+
+    def close_pending(self, reason: str) -> None:
+        """Shutdown: calls still connecting end now (connected ones are drained with the sessions)."""
+        for call in list(self.calls.values()):
+            if not call.admitted.is_set():
+                call.finish(reason)
+
+    def state(self) -> dict[str, int]:
+        return {"pending": len(self.pending), "calls": len(self.calls)}
 
     async def sideband(self, call_id: str, ws: Any) -> None:
         call = self.calls.get(call_id)

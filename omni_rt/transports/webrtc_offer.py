@@ -23,9 +23,14 @@ class CallError(Exception):
     code: str
     message: str
     param: str | None = None
+    type: str = "invalid_request_error"
+    retry_after: str | None = None  # seconds, for a ``Retry-After`` header (429 and 503 of the pending pool)
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"type": "invalid_request_error", "code": self.code, "message": self.message, "param": self.param}}
+        return {"error": {"type": self.type, "code": self.code, "message": self.message, "param": self.param}}
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Retry-After": self.retry_after} if self.retry_after else None
 
 
 # ---- the offer ---------------------------------------------------------------------------------------------
