@@ -16,6 +16,9 @@ from typing import Any, ClassVar
 from omni_rt.contracts.payloads import AudioInUpdated, AudioInUpdateRefused
 from omni_rt.contracts.turn_detection import SERVER_VAD, TurnDetectionConfig
 
+# the code the stage refuses ``noise_reduction`` with (the preset turned the denoiser off, or its package is missing)
+NOISE_REDUCTION_UNAVAILABLE = "noise_reduction_unavailable"
+
 
 class SessionOp:
     """Base of a typed op on a session stage's session. ``op`` names it (the scheduler tells ``open`` from the
@@ -37,11 +40,14 @@ class SessionOp:
 
 @dataclass(frozen=True)
 class AudioInSettings:
-    """The part of a session's config the audio-in stage holds: turn detection (None: the client commits) and
-    whether it decodes partial transcripts (for transcription deltas and the thinker's prefill hints)."""
+    """The part of a session's config the audio-in stage holds: turn detection (None: the client commits),
+    whether it decodes partial transcripts (for transcription deltas and the thinker's prefill hints), and
+    ``noise_reduction`` (``audio.input.noise_reduction``'s type, ``"near_field"`` / ``"far_field"``, or None: off),
+    which denoises the input before the VAD, the turn model and Whisper hear it."""
 
     turn_detection: TurnDetectionConfig | None = SERVER_VAD
     partials: bool = True
+    noise_reduction: str | None = None
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ BETA_SESSION_FIELDS = frozenset({"modalities", "voice", "input_audio_format", "o
 # fields whose null means something (off / none); for the others null means "unchanged", like an absent field
 NULLABLE_FIELDS = frozenset({"turn_detection", "input_audio_transcription", "input_audio_noise_reduction", "tracing", "prompt"})
 AUDIO_INPUT_FIELDS = ("format", "noise_reduction", "transcription", "turn_detection")
+NOISE_REDUCTION_TYPES = ("near_field", "far_field")
 AUDIO_OUTPUT_FIELDS = ("format", "speed", "voice")
 TRANSCRIPTION_FIELDS = ("model", "language", "prompt", "delay", "keywords", "languages")
 TURN_DETECTION_FIELDS = ("type", "create_response", "interrupt_response", "threshold", "prefix_padding_ms",
@@ -133,6 +134,7 @@ class SessionConfig:
     output_format: str = "audio/pcm"
     turn_detection: TurnDetectionConfig | None = turn_detection.SERVER_VAD
     transcription: dict[str, Any] | None = None
+    noise_reduction: str | None = None  # "near_field" / "far_field" (the input is denoised), None: off
     voice: str = "default"
     voices: tuple[str, ...] = ("default",)  # what the preset's talker can speak
     max_output_tokens: int | str = "inf"
@@ -153,7 +155,7 @@ class SessionConfig:
             "format": format_object(self.input_format),
             "turn_detection": self.turn_detection.to_wire() if self.turn_detection else None,
             "transcription": dict(self.transcription) if self.transcription else None,
-            "noise_reduction": None,
+            "noise_reduction": {"type": self.noise_reduction} if self.noise_reduction else None,
         }
         if self.session_type == "transcription":
             return {"type": "transcription", "id": session_id, "object": "realtime.transcription_session",
@@ -251,6 +253,11 @@ class SessionConfig:
             if isinstance(td, dict):
                 _known_keys(td, TURN_DETECTION_FIELDS, "session.audio.input.turn_detection")
             self.turn_detection = self._parse_turn_detection(td)
+        if "noise_reduction" in inp or "input_audio_noise_reduction" in session:
+            in_audio = "noise_reduction" in inp
+            self.noise_reduction = self._parse_noise_reduction(
+                inp["noise_reduction"] if in_audio else session["input_audio_noise_reduction"],
+                "session.audio.input.noise_reduction" if in_audio else "session.input_audio_noise_reduction")
         tr = inp["transcription"] if "transcription" in inp else session.get("input_audio_transcription", "__absent__")
         if tr != "__absent__":
             self.transcription = self._parse_transcription(tr)
@@ -276,18 +283,25 @@ class SessionConfig:
                 raise ProtocolError("unsupported_value", f"transcription.{key} is not supported by this server", f"{param}.{key}")
         return dict(tr)
 
+    @staticmethod
+    def _parse_noise_reduction(nr: Any, param: str) -> str | None:
+        """``null`` (off) or ``{"type": "near_field" | "far_field"}``: the type, which the audio-in stage's denoiser
+        applies (``omni_rt.backends.denoise``: both types run the same RNNoise filter) and the session echoes."""
+        if nr is None:
+            return None
+        if not isinstance(nr, dict):
+            raise ProtocolError("invalid_type", "noise_reduction must be null or an object like {'type': 'near_field'}", param)
+        _known_keys(nr, ("type",), param)
+        if nr.get("type") not in NOISE_REDUCTION_TYPES:
+            raise ProtocolError("invalid_value", "noise_reduction.type must be 'near_field' or 'far_field'", f"{param}.type")
+        return str(nr["type"])
+
     def _refuse_unsupported(self, session: dict[str, Any]) -> None:
         """Fields this server cannot honour are refused by name, never silently ignored; a value of the wrong
         type or out of the schema's range is refused as such first."""
         audio = session.get("audio") if isinstance(session.get("audio"), dict) else {}
         inp = audio.get("input") if isinstance(audio.get("input"), dict) else {}
         out = audio.get("output") if isinstance(audio.get("output"), dict) else {}
-        nr_param = "session.audio.input.noise_reduction" if "noise_reduction" in inp else "session.input_audio_noise_reduction"
-        nr = inp.get("noise_reduction", session.get("input_audio_noise_reduction"))
-        if nr is not None:
-            if not isinstance(nr, dict) or nr.get("type") not in ("near_field", "far_field") or set(nr) - {"type"}:
-                raise ProtocolError("invalid_value", "noise_reduction must be null or {'type': 'near_field' | 'far_field'}", nr_param)
-            raise ProtocolError("unsupported_value", "noise_reduction is not supported by this server (send null)", nr_param)
         speed_param = "session.audio.output.speed" if "speed" in out else "session.speed"
         speed = out.get("speed", session.get("speed"))
         if speed is not None:
@@ -373,5 +387,7 @@ class SessionConfig:
     def audio_in_settings(self) -> AudioInSettings:
         """What the audio-in stage needs to know of this config. Partial transcripts are decoded for the
         client's transcription deltas, and for a session whose turns get answers: the words heard so far are
-        the answer's prompt, which the thinker prefills while the user speaks (a prefill hint)."""
-        return AudioInSettings(turn_detection=self.turn_detection, partials=self.transcription is not None or self.answers_turns)
+        the answer's prompt, which the thinker prefills while the user speaks (a prefill hint). Noise reduction
+        is the stage's: it denoises the input before its VAD, turn model and Whisper."""
+        return AudioInSettings(turn_detection=self.turn_detection, partials=self.transcription is not None or self.answers_turns,
+                               noise_reduction=self.noise_reduction)

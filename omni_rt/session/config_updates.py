@@ -2,8 +2,9 @@
 once, here, at once (the client's next events already see it), and confirmed by ``session.updated`` once the
 audio-in stage holds its part of it.
 
-The stage owns two fields (``SessionConfig.audio_in_settings``: turn detection, and transcription's partials) and may
-refuse them after validation (``semantic_vad`` without its turn model). An update that changes them sends
+The stage owns three fields (``SessionConfig.audio_in_settings``: turn detection, transcription's partials, noise
+reduction) and may refuse them after validation (``semantic_vad`` without its turn model, noise reduction on a
+server whose preset turned the denoiser off or lacks its package). An update that changes them sends
 ``UpdateAudioIn`` with an id, and its ``session.updated`` waits for the stage's answer (``AudioInUpdated`` or
 ``AudioInUpdateRefused``, a few ms); later confirmations queue behind it so they go out in order. A refusal
 becomes an ``error`` naming the field, the stage's fields go back to what it still holds, and the
@@ -16,6 +17,7 @@ from collections import deque
 from typing import Any, Callable
 
 from omni_rt.contracts import payloads as c
+from omni_rt.contracts.audio_in import NOISE_REDUCTION_UNAVAILABLE
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.events import new_id
 from omni_rt.realtime.session_config import SessionConfig
@@ -66,13 +68,14 @@ class ConfigUpdates:
 
     def _refused(self, ev: c.AudioInUpdateRefused, carried: SessionConfig) -> None:
         held = self._held_by_stage
-        field = "turn_detection" if carried.turn_detection != held.turn_detection else "transcription"
+        field = ("noise_reduction" if ev.code == NOISE_REDUCTION_UNAVAILABLE
+                 else "turn_detection" if carried.turn_detection != held.turn_detection else "transcription")
         message = ev.message if ev.code != "stage_error" else "the audio input could not apply this setting"
         self._send_error(ProtocolError(ev.code, message, f"session.audio.input.{field}",
                                        type_="server_error" if ev.code == "stage_error" else "invalid_request_error"))
         if ev.update_id == self._last_sent:  # no later change is on its way: the stage's fields go back
             cfg = self.config.copy()
-            cfg.turn_detection, cfg.transcription = held.turn_detection, held.transcription
+            cfg.turn_detection, cfg.transcription, cfg.noise_reduction = held.turn_detection, held.transcription, held.noise_reduction
             self.config, self._sent, self._last_sent = cfg, cfg.audio_in_settings(), None
 
     def _confirm(self) -> None:

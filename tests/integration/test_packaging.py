@@ -69,8 +69,12 @@ def test_wheel_serves_page_health_and_session(installed, tmp_path):
         assert httpx.get(f"{url}/static/app.js", timeout=10).status_code == 200
         with websockets.sync.client.connect(f"ws://127.0.0.1:{port}/v1/realtime", open_timeout=30) as ws:
             assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
-            ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}}))
-            assert json.loads(ws.recv(timeout=30))["type"] == "session.updated"
+            # noise_reduction: the pyrnnoise wheel came with `pip install .` (else noise_reduction_unavailable)
+            ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"],
+                                "audio": {"input": {"noise_reduction": {"type": "near_field"}}}}}))
+            updated = json.loads(ws.recv(timeout=30))
+            assert updated["type"] == "session.updated", updated
+            assert updated["session"]["audio"]["input"]["noise_reduction"] == {"type": "near_field"}, updated
             ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
                                 "content": [{"type": "input_text", "text": "Say hello."}]}}))
             ws.send(json.dumps({"type": "response.create"}))

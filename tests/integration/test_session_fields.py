@@ -159,6 +159,9 @@ HONOURED: list[tuple[dict[str, Any], Any]] = [
     ({"audio": {"input": {"transcription": {"model": "whisper-1", "language": "en"}}}},
      lambda s: s["audio"]["input"]["transcription"]["language"] == "en"),
     ({"audio": {"input": {"transcription": None, "noise_reduction": None}}}, lambda s: s["audio"]["input"]["transcription"] is None),
+    ({"audio": {"input": {"noise_reduction": {"type": "near_field"}}}},
+     lambda s: s["audio"]["input"]["noise_reduction"] == {"type": "near_field"}),
+    ({"input_audio_noise_reduction": {"type": "far_field"}}, lambda s: s["audio"]["input"]["noise_reduction"] == {"type": "far_field"}),
     ({"include": [], "tracing": None, "prompt": None}, lambda s: True),
     ({"audio": {"input": {"turn_detection": None}}}, lambda s: s["audio"]["input"]["turn_detection"] is None),
     ({"audio": {"input": {"turn_detection": {"type": "server_vad"}}}},
@@ -167,7 +170,6 @@ HONOURED: list[tuple[dict[str, Any], Any]] = [
 
 # valid by the schema, not supported here: refused by name
 REFUSED: list[tuple[str, dict[str, Any]]] = [
-    ("session.audio.input.noise_reduction", {"audio": {"input": {"noise_reduction": {"type": "near_field"}}}}),
     ("session.audio.output.speed", {"audio": {"output": {"speed": 1.5}}}),
     ("session.tracing", {"tracing": "auto"}),
     ("session.include", {"include": ["item.input_audio_transcription.logprobs"]}),

@@ -15,6 +15,16 @@ GPU_MAX_BATCH = 8  # not measured on a GPU yet: batch rows are cheap next to Whi
 CPU_MAX_BATCH = 2
 
 
+def _denoiser() -> object:
+    """The RNNoise library, loaded once at start-up; without its package, the message each request gets."""
+    from omni_rt.backends.denoise import load_library
+
+    try:
+        return load_library()
+    except (FileNotFoundError, OSError) as exc:
+        return str(exc)
+
+
 def create_asr_stage(
     backend: str = "faster-whisper",
     model: str | None = None,
@@ -34,6 +44,7 @@ def create_asr_stage(
     random_size: str = "full",
     vad_sound_end_ratio: float | None = None,
     min_window_s: float | None = None,
+    noise_reduction: bool = True,
 ) -> AsrWorker:
     """Factory for the pipeline config: the preset names the backend and model.
 
@@ -44,6 +55,8 @@ def create_asr_stage(
     0 = at Silero's last speech frame, the ablation).
     ``random_init`` (transformers backend): random weights of ``model``'s real shape
     (``omni_rt.engine.weights.random_init``; ``random_size="tiny"`` for CPU), so the preset runs with no hub weights.
+    ``noise_reduction``: whether sessions may turn on ``audio.input.noise_reduction`` (RNNoise,
+    ``omni_rt.backends.denoise``); False refuses it server-wide with ``noise_reduction_unavailable``.
     """
     from omni_rt.backends.vad import SileroVadModel
 
@@ -91,6 +104,7 @@ def create_asr_stage(
         max_buffered_bytes=max_buffered_bytes,
         idle_timeout_s=idle_timeout_s,
         vad_sound_end_ratio=vad_sound_end_ratio,
+        denoiser=_denoiser() if noise_reduction else None,
     )
     try:
         scheduler.turn_model()  # load Smart Turn at start-up, not on the first semantic_vad session.update

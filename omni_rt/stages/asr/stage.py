@@ -53,8 +53,16 @@ the buffer (nothing is lost: commit again once transcripts arrive). Every commit
 number, carried by ``Committed`` and by the turn's ``TranscriptFinal``, so a session matches transcripts to
 turns by number, never by arrival.
 
+Noise reduction (``AudioInSettings.noise_reduction``, the session's ``audio.input.noise_reduction``): a session
+that asks for it gets its own ``omni_rt.backends.denoise.StreamingDenoiser``, and every append is denoised before
+``TurnAudio`` sees it, so Silero, Smart Turn and Whisper all hear the denoised stream. The denoiser returns as many
+samples as it takes, a fixed ~12 ms later (its zeros first), so the stream clock counts the client's samples
+whether it is on or off; turning it off drops its delayed last ~12 ms for the same reason. A preset can turn it
+off for the whole server (``denoiser=None``): the session's update is then refused with
+``noise_reduction_unavailable``.
+
 Session ops (``omni_rt.contracts.audio_in``, typed): ``OpenAudioIn`` and ``UpdateAudioIn`` (the session's
-``AudioInSettings``: turn detection and partials; an update is answered ``AudioInUpdated`` or
+``AudioInSettings``: turn detection, partials and noise reduction; an update is answered ``AudioInUpdated`` or
 ``AudioInUpdateRefused``), ``CommitAudioIn`` (end the turn now: manual turn taking), ``ClearAudioIn`` (drop
 buffered audio), ``ResponseDone``. Appends are float32 16 kHz arrays. Events out (``omni_rt.contracts.payloads``, each tagged with its turn number): ``SpeechStarted``,
 ``SpeechStopped``, ``Committed``, ``Cleared``, ``TranscriptPartial``, ``TranscriptSpeculative``,
@@ -72,7 +80,14 @@ import numpy as np
 from omni_rt.pipeline.messages import IncomingMessage
 from omni_rt.pipeline.schedulers.session import Session, SessionLimitError, SessionScheduler
 from omni_rt.audio import PIPELINE_INPUT_RATE
-from omni_rt.contracts.audio_in import ClearAudioIn, CommitAudioIn, OpenAudioIn, ResponseDone, UpdateAudioIn
+from omni_rt.contracts.audio_in import (
+    NOISE_REDUCTION_UNAVAILABLE,
+    ClearAudioIn,
+    CommitAudioIn,
+    OpenAudioIn,
+    ResponseDone,
+    UpdateAudioIn,
+)
 from omni_rt.contracts.turn_detection import TurnDetectionConfig
 from omni_rt.stages.asr.decoding import DecodeJob, DecodeQueue, Transcriber
 from omni_rt.stages.asr.turn_audio import TurnAudio
@@ -119,6 +134,8 @@ class AsrState:
     spec_announced: bool = False  # transcript.speculative was sent for the current epoch
     verdict: PauseVerdict = field(default_factory=PauseVerdict)  # semantic_vad: sound and words on the current pause
     idle_from: int | None = 0  # stream sample from which the idle timeout counts (None: not counting)
+    denoise: Any = None  # the session's StreamingDenoiser (noise_reduction on), else None
+    noise_reduction: str | None = None  # the type the session asked for (near_field / far_field)
 
 
 class AsrWorker(SessionScheduler):
@@ -136,6 +153,7 @@ class AsrWorker(SessionScheduler):
         max_queued_decodes: int = 16,
         max_batch: int = 1,
         vad_sound_end_ratio: float | None = None,
+        denoiser: Any = None,
         **limits: Any,
     ) -> None:
         super().__init__(name="asr", **limits)
@@ -157,6 +175,9 @@ class AsrWorker(SessionScheduler):
         # Smart Turn (a SmartTurnModel, a loader returning one, or None); loaded on the first semantic_vad session
         self._turns = TurnScorer(turn_model, post)
         self.max_queued_decodes = max_queued_decodes
+        # the RNNoise library (omni_rt.backends.denoise.RNNoiseLibrary), a str saying why there is none (the package
+        # is missing), or None: the preset turned noise reduction off
+        self.denoiser = denoiser
 
     @property
     def max_batch(self) -> int:
@@ -208,6 +229,9 @@ class AsrWorker(SessionScheduler):
 
     def on_close(self, session: Session) -> None:
         self._decoder.drop_session(session.session_id)
+        st = session.state.get("asr")
+        if st is not None and st.denoise is not None:
+            st.denoise.close()
 
     def queued_decodes(self, session_id: str) -> int:
         return self._decoder.queued(session_id)
@@ -260,6 +284,18 @@ class AsrWorker(SessionScheduler):
             self.turn_model()  # load now: a missing model is an error at session.update, not mid-turn
         return td
 
+    def _new_denoiser(self, kind: str | None) -> Any:
+        """A fresh per-session denoiser for ``kind`` (None: none); refused with a clear error where the server
+        has none."""
+        if kind is None:
+            return None
+        if self.denoiser is None or isinstance(self.denoiser, str):
+            why = self.denoiser or "this server's preset turned noise reduction off (stage 'asr' field 'noise_reduction')"
+            raise SessionLimitError(NOISE_REDUCTION_UNAVAILABLE, f"noise_reduction is not available: {why}")
+        from omni_rt.backends.denoise import StreamingDenoiser
+
+        return StreamingDenoiser(self.denoiser, SAMPLE_RATE)
+
     def on_open(self, session: Session) -> None:
         op = session.params
         if not isinstance(op, OpenAudioIn):
@@ -269,7 +305,12 @@ class AsrWorker(SessionScheduler):
             td = self._turn_detection(op.settings.turn_detection)
         except SessionLimitError as exc:  # open the session anyway, with server_vad, and say why
             td, error = TurnDetection(), exc
-        session.state["asr"] = AsrState(td=td, seg=TurnAudio(self._new_vad(td), SAMPLE_RATE), partials=op.settings.partials)
+        st = AsrState(td=td, seg=TurnAudio(self._new_vad(td), SAMPLE_RATE), partials=op.settings.partials)
+        session.state["asr"] = st
+        try:
+            st.denoise, st.noise_reduction = self._new_denoiser(op.settings.noise_reduction), op.settings.noise_reduction
+        except SessionLimitError as exc:  # open it anyway, without, and say why
+            error = error or exc
         if error is not None:
             self.emit_error(session.session_id, str(error), code=error.code)
 
@@ -279,9 +320,16 @@ class AsrWorker(SessionScheduler):
         st = self._state(session)
         if isinstance(data, UpdateAudioIn):
             td = self._turn_detection(data.settings.turn_detection)  # raises before anything changes
+            nr = data.settings.noise_reduction
+            denoise = self._new_denoiser(nr) if (nr is None) != (st.noise_reduction is None) else st.denoise
             if td != st.td:
                 st.td, st.seg.vad = td, self._new_vad(td)
             st.partials = data.settings.partials
+            if denoise is not st.denoise:
+                if st.denoise is not None:  # its delayed ~12 ms are dropped: the stream clock counts the client's samples
+                    st.denoise.close()
+                st.denoise = denoise
+            st.noise_reduction = nr
         elif isinstance(data, ResponseDone):
             # the idle clock restarts once the answer has played (its audio length from now, an upper bound)
             st.idle_from = st.seg.stream_samples + int(float(data.audio_ms or 0) * SAMPLE_RATE / 1000)
@@ -316,7 +364,10 @@ class AsrWorker(SessionScheduler):
 
     def on_append(self, session: Session, data: Any) -> None:
         st = self._state(session)
-        events = st.seg.append(np.asarray(data, dtype=np.float32), detect=st.td.enabled)
+        audio = np.asarray(data, dtype=np.float32)
+        if st.denoise is not None:
+            audio = st.denoise.process(audio)
+        events = st.seg.append(audio, detect=st.td.enabled)
         if not st.td.enabled:
             return
         sid = session.session_id
