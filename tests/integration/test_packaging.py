@@ -35,7 +35,9 @@ def installed(tmp_path_factory) -> Path:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"omni_rt", wheel.name.split("-py3")[0].replace("omni_rt-", "omni_rt-") + ".dist-info"}, names
     assert "omni_rt/_web/index.html" in names and "omni_rt/_presets/cpu.yaml" in names
-    assert not [n for n in names if n.endswith(("/testing.py", "/stage_driver.py", "/tiny_models.py"))], names  # test helpers stay out
+    # the suite's own helpers stay out; omni_rt.testing (clients and drivers a user's tests can reuse) ships
+    assert not [n for n in names if n.endswith(("/conftest.py", "/tiny_models.py", "/toy_stages.py", "/rt_helpers.py"))], names
+    assert "omni_rt/testing/__init__.py" in names
     venv = tmp / "venv"
     run(sys.executable, "-m", "venv", str(venv))
     py = str(venv / "bin" / "python")
