@@ -198,6 +198,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
         except ValueError as exc:
             self.emit_error(rid, exc, code="bad_request")
             return
+        whole = req.messages  # the session's whole chat: an answer trimmed out of the window is still not copied
         if req.messages is not None:
             req.messages = steer_messages(req.messages, self.languages)
             try:
@@ -226,7 +227,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
         # loops and copies (omni_rt.engine.repetition): an n-gram the upstream cannot ban, an earlier answer of
         # the session reproduced; spoken text only (a tool call's JSON repeats its keys by design)
         guarded = req.output == "text" and texts is None
-        copies = earlier_answers(req.messages) if guarded else []
+        copies = earlier_answers(whole) if guarded else []
         guard = RepeatGuard(req.sampling.no_repeat_ngram_size if guarded else 0, copies, self.languages if guarded else ())
         try:
             for attempt in range(2):

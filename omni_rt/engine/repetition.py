@@ -16,8 +16,8 @@ and ``no_repeat_ngram_size: 4`` were left out of every llama-server request, and
     copies of earlier answers are left to the stream guard. DRY is a penalty, not a ban: the guard backs it up.
   - ``repetition_penalty`` -> ``repeat_penalty`` over the last ``REPEAT_LAST_N`` tokens. Unlike the built-in
     (answer tokens only) llama-server counts the prompt's tail too (with its default 64-token window and 1.2
-    SmolLM2 answered "What is the capital of France?" in French); a short window keeps that to the template's
-    turn markers and the question's last words.
+    SmolLM2 answered "What is the capital of France?" in French; with 16 it answered a tea question with coffee);
+    a 6-token window keeps the question out of it: the template's turn markers, then the answer's own tokens.
   - ``frequency_penalty`` / ``presence_penalty`` -> the same names (llama-server's penalties sampler).
   A forced tool call gets none of these: a call's JSON repeats its keys by design.
 * other OpenAI-compatible upstreams: ``repetition_penalty`` is sent as is (vLLM and SGLang accept it),
@@ -48,8 +48,10 @@ DRY_BASE = 1.75
 # llama-server refuses -1, "whole context", and 0 turns DRY off)
 DRY_LAST_N = 64
 # llama-server's repeat_penalty window: at the answer's start it holds the template's turn markers and the question's
-# last few words
-REPEAT_LAST_N = 16
+# "?" only, then the answer's own last tokens. With 16 the question's words were in it and single questions got
+# worse ("How do I make a cup of tea?" -> "To brew your own coffee ..."; "Which ocean is the largest?" ->
+# Madagascar; latency_bench.quality --limit 7)
+REPEAT_LAST_N = 6
 
 
 def llama_cpp_fields(s: SamplingParams) -> dict[str, Any]:
