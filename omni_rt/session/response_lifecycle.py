@@ -27,14 +27,26 @@ from omni_rt.session.tool_call_items import ToolCallItems
 from omni_rt.session.turn import Turn
 
 
+NO_PREAMBLE = "no tool preamble"  # instructions holding these words turn the session's spoken preambles off
+
+
+def preamble_mode(default: str, instructions: str) -> str:
+    """Whether a spoken answer that calls a tool first says a short phrase (``omni_rt.engine.tools.preamble``):
+    the server's default, turned off for a session (or one response) whose instructions say "no tool preamble"
+    (the GA protocol has no field for it; OpenAI's own preambles are steered by the instructions too)."""
+    return "off" if NO_PREAMBLE in (instructions or "").lower() else default
+
+
 class ResponseLifecycle:
     def __init__(self, session_id: str, *, send: Callable[[dict[str, Any]], None], purge_audio: Callable[[str], None],
                  commands: list[cmd.Command], observations: list[tuple[str, float]], conversation: Conversation,
                  held: HeldAnswers, tool_calls: ToolCallItems, config: Callable[[], SessionConfig],
-                 max_response_tokens: int, log: logging.LoggerAdapter, prefill_hints: bool = True) -> None:
+                 max_response_tokens: int, log: logging.LoggerAdapter, prefill_hints: bool = True,
+                 tool_preamble: str = "auto") -> None:
         """``config``: the session's current config (read at each use: ``session.update`` replaces it);
         ``purge_audio``: drops a response's queued audio deltas from the outgoing queue; ``prefill_hints``: tell
-        the thinker each next prompt ahead (``hint_next_prompt``; the server's ``speculative_responses``)."""
+        the thinker each next prompt ahead (``hint_next_prompt``; the server's ``speculative_responses``);
+        ``tool_preamble``: the server's default for spoken preambles before tool calls (``preamble_mode``)."""
         self.session_id = session_id
         self._send, self._purge_audio = send, purge_audio
         self._commands, self._observations = commands, observations
@@ -42,6 +54,7 @@ class ResponseLifecycle:
         self._config, self._max_tokens, self.log = config, max_response_tokens, log
         self.active: Response | None = None
         self.hints = prefill_hints
+        self.tool_preamble = tool_preamble
         self._running: dict[str, tuple[Response, OutputEncoder | None]] = {}
         self.finished = 0  # responses ended (done, cancelled or failed): the session's closing log line counts them
 
@@ -99,6 +112,8 @@ class ResponseLifecycle:
             payload["tool_choice"] = cfg.tool_choice
             if cfg.parallel_tool_calls is not None:
                 payload["parallel_tool_calls"] = cfg.parallel_tool_calls
+            if "audio" in cfg.output_modalities and preamble_mode(self.tool_preamble, cfg.instructions) == "auto":
+                payload["tool_preamble"] = "auto"
         if cfg.temperature is not None:  # else the preset's sampling (greedy)
             payload["temperature"] = cfg.temperature
         return payload

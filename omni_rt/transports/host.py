@@ -20,6 +20,7 @@ class TransportSettings(Protocol):
     idle_timeout_s: float  # a connection silent this long is closed
     send_timeout_s: float  # a send blocked this long means the client stopped reading
     speculative_responses: bool
+    tool_preamble: str  # "auto" | "off": the sessions' default (omni_rt.engine.tools.preamble)
 
 
 class TransportHost(Protocol):
@@ -45,5 +46,6 @@ def new_session(host: TransportHost, model: str | None = None, *, beta_events: b
     """
     options = SessionOptions(model_name=model[:MAX_MODEL_NAME_CHARS] if model else host.model_name,
                              speculative_responses=host.settings.speculative_responses, beta_events=beta_events,
+                             tool_preamble=getattr(host.settings, "tool_preamble", "auto"),
                              voices=tuple(host.config.voices))
     return RealtimeSession(options, host.session_limits(), session=session)
