@@ -82,7 +82,7 @@ class ResponseLifecycle:
         item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress")
         resp = Response(id=new_id("resp"), item=item, modalities=list(cfg.output_modalities), output_format=cfg.output_format,
                         voice=cfg.voice, max_output_tokens=cfg.max_output_tokens, metadata=metadata,
-                        in_conversation=in_conversation)
+                        in_conversation=in_conversation, single_call=cfg.parallel_tool_calls is False)
         resp.turn_end = time.perf_counter()
         source = input_items if input_items is not None else self._conversation.items
         messages = Conversation.messages_of(source, cfg.instructions)
