@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 import time
 from typing import Any, Callable
 
@@ -28,6 +29,15 @@ from omni_rt.session.turn import Turn
 
 
 NO_PREAMBLE = "no tool preamble"  # instructions holding these words turn the session's spoken preambles off
+
+
+_NO_PREAMBLE_RE = re.compile(r"\bno tool preamble\b[.!;]?\s*", re.IGNORECASE)
+
+
+def model_instructions(instructions: str) -> str:
+    """The instructions as the thinker reads them: the "no tool preamble" switch is for the server, not the
+    model (a 135M model read it as part of its task and answered worse)."""
+    return _NO_PREAMBLE_RE.sub("", instructions).strip() if instructions else instructions
 
 
 def preamble_mode(default: str, instructions: str) -> str:
@@ -85,7 +95,7 @@ class ResponseLifecycle:
                         in_conversation=in_conversation, single_call=cfg.parallel_tool_calls is False)
         resp.turn_end = time.perf_counter()
         source = input_items if input_items is not None else self._conversation.items
-        messages = Conversation.messages_of(source, cfg.instructions)
+        messages = Conversation.messages_of(source, model_instructions(cfg.instructions))
         if held_user_text is not None:
             resp.state, resp.spec_text = ResponseState.HELD, held_user_text
             messages.append({"role": "user", "content": held_user_text})
@@ -127,7 +137,7 @@ class ResponseLifecycle:
         while the user speaks, only the last words are left for the critical path."""
         if not self.hints:
             return
-        messages = Conversation.messages_of(self._conversation.items, cfg.instructions)
+        messages = Conversation.messages_of(self._conversation.items, model_instructions(cfg.instructions))
         messages.append({"role": "user", "content": heard})
         self._commands.append(cmd.PrefillHint(self._payload(cfg, messages, True)))
 

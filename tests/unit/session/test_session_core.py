@@ -339,6 +339,7 @@ def test_spoken_answers_ask_for_a_preamble_unless_the_instructions_or_the_server
     s.receive_event({"type": "response.create", "response": {"instructions": "Be brief. No tool preamble."}})
     start = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse))
     assert "tool_preamble" not in start.payload
+    assert start.payload["messages"][0] == {"role": "system", "content": "Be brief."}  # the switch is not for the model
     off = RealtimeSession(SessionOptions(tool_preamble="off"))
     off.open()
     off.receive_event({"type": "session.update", "session": {"type": "realtime", "tools": [TIME_TOOL]}})
