@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--shutdown-grace-s", type=float, default=None, help="time open answers get at SIGTERM")
     serve.add_argument("--no-speculative", action="store_false", dest="speculative_responses", default=None,
                        help="do not start answers during the end-of-turn silence (for comparisons)")
+    serve.add_argument("--tool-preamble", choices=["auto", "off"], default=None,
+                       help="say a short phrase before a tool call the model wrote no words for (default auto)")
     serve.add_argument("--webrtc-host", action="append", default=None, dest="webrtc_hosts", metavar="IP",
                        help="bind WebRTC calls' UDP sockets on this address and offer it as their ICE candidate "
                        "(repeat for more; default: every interface address but loopback). 127.0.0.1: local only")

@@ -27,6 +27,9 @@ class ServerSettings(BaseSettings):
     max_response_tokens: int = Field(96, ge=1, le=4096, description="cap on tokens per spoken answer")
     speculative_responses: bool = Field(True, description="start answering from the transcript decoded in the "
                                         "end-of-turn silence; release it when the turn ends as guessed")
+    tool_preamble: Literal["auto", "off"] = Field("auto", description="a spoken answer that calls a tool first says a "
+                                                  "short phrase fitting the call when the model wrote no words before "
+                                                  "it (no dead air while the tool runs); 'off': the call alone")
     send_timeout_s: float = Field(10.0, gt=0, description="a client whose socket accepts nothing for this long is "
                                   "closed (1008) and its answer freed")
     max_outgoing_bytes: int = Field(16 * 1024 * 1024, ge=65536, description="cap on events queued for one client")

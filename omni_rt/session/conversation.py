@@ -220,13 +220,15 @@ class Conversation:
     @staticmethod
     def messages_of(items: list[Item], instructions: str) -> list[dict[str, Any]]:
         """Chat messages for the thinker: instructions, then the newest items (empty messages skipped).
-        Consecutive function calls become one assistant message with ``tool_calls``; outputs ``tool`` messages."""
+        Consecutive function calls become one assistant message with ``tool_calls``, which also carries the words
+        the assistant said just before them (a spoken preamble and its call are one assistant turn); outputs
+        ``tool`` messages."""
         msgs: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
         for it in items:  # no count cap: the thinker trims the oldest turns by tokens to fit its context
             if it.type == "function_call":
                 call = {"id": it.call_id, "type": "function", "function": {"name": it.name, "arguments": it.arguments or "{}"}}
-                if msgs and msgs[-1]["role"] == "assistant" and "tool_calls" in msgs[-1]:
-                    msgs[-1]["tool_calls"].append(call)
+                if msgs and msgs[-1]["role"] == "assistant":
+                    msgs[-1].setdefault("tool_calls", []).append(call)
                 else:
                     msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
             elif it.type == "function_call_output":

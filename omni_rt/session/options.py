@@ -26,3 +26,4 @@ class SessionOptions:
     speculative_responses: bool = True
     beta_events: bool = False
     voices: tuple[str, ...] = ("default",)  # the preset's voices; the first is the default
+    tool_preamble: str = "auto"  # "auto": a spoken phrase before a tool call without words of its own; "off"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 import time
 from typing import Any, Callable
 
@@ -27,14 +28,35 @@ from omni_rt.session.tool_call_items import ToolCallItems
 from omni_rt.session.turn import Turn
 
 
+NO_PREAMBLE = "no tool preamble"  # instructions holding these words turn the session's spoken preambles off
+
+
+_NO_PREAMBLE_RE = re.compile(r"\bno tool preamble\b[.!;]?\s*", re.IGNORECASE)
+
+
+def model_instructions(instructions: str) -> str:
+    """The instructions as the thinker reads them: the "no tool preamble" switch is for the server, not the
+    model (a 135M model read it as part of its task and answered worse)."""
+    return _NO_PREAMBLE_RE.sub("", instructions).strip() if instructions else instructions
+
+
+def preamble_mode(default: str, instructions: str) -> str:
+    """Whether a spoken answer that calls a tool first says a short phrase (``omni_rt.engine.tools.preamble``):
+    the server's default, turned off for a session (or one response) whose instructions say "no tool preamble"
+    (the GA protocol has no field for it; OpenAI's own preambles are steered by the instructions too)."""
+    return "off" if NO_PREAMBLE in (instructions or "").lower() else default
+
+
 class ResponseLifecycle:
     def __init__(self, session_id: str, *, send: Callable[[dict[str, Any]], None], purge_audio: Callable[[str], None],
                  commands: list[cmd.Command], observations: list[tuple[str, float]], conversation: Conversation,
                  held: HeldAnswers, tool_calls: ToolCallItems, config: Callable[[], SessionConfig],
-                 max_response_tokens: int, log: logging.LoggerAdapter, prefill_hints: bool = True) -> None:
+                 max_response_tokens: int, log: logging.LoggerAdapter, prefill_hints: bool = True,
+                 tool_preamble: str = "auto") -> None:
         """``config``: the session's current config (read at each use: ``session.update`` replaces it);
         ``purge_audio``: drops a response's queued audio deltas from the outgoing queue; ``prefill_hints``: tell
-        the thinker each next prompt ahead (``hint_next_prompt``; the server's ``speculative_responses``)."""
+        the thinker each next prompt ahead (``hint_next_prompt``; the server's ``speculative_responses``);
+        ``tool_preamble``: the server's default for spoken preambles before tool calls (``preamble_mode``)."""
         self.session_id = session_id
         self._send, self._purge_audio = send, purge_audio
         self._commands, self._observations = commands, observations
@@ -42,6 +64,7 @@ class ResponseLifecycle:
         self._config, self._max_tokens, self.log = config, max_response_tokens, log
         self.active: Response | None = None
         self.hints = prefill_hints
+        self.tool_preamble = tool_preamble
         self._running: dict[str, tuple[Response, OutputEncoder | None]] = {}
         self.finished = 0  # responses ended (done, cancelled or failed): the session's closing log line counts them
 
@@ -69,10 +92,10 @@ class ResponseLifecycle:
         item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress")
         resp = Response(id=new_id("resp"), item=item, modalities=list(cfg.output_modalities), output_format=cfg.output_format,
                         voice=cfg.voice, max_output_tokens=cfg.max_output_tokens, metadata=metadata,
-                        in_conversation=in_conversation)
+                        in_conversation=in_conversation, single_call=cfg.parallel_tool_calls is False)
         resp.turn_end = time.perf_counter()
         source = input_items if input_items is not None else self._conversation.items
-        messages = Conversation.messages_of(source, cfg.instructions)
+        messages = Conversation.messages_of(source, model_instructions(cfg.instructions))
         if held_user_text is not None:
             resp.state, resp.spec_text = ResponseState.HELD, held_user_text
             messages.append({"role": "user", "content": held_user_text})
@@ -99,6 +122,8 @@ class ResponseLifecycle:
             payload["tool_choice"] = cfg.tool_choice
             if cfg.parallel_tool_calls is not None:
                 payload["parallel_tool_calls"] = cfg.parallel_tool_calls
+            if "audio" in cfg.output_modalities and preamble_mode(self.tool_preamble, cfg.instructions) == "auto":
+                payload["tool_preamble"] = "auto"
         if cfg.temperature is not None:  # else the preset's sampling (greedy)
             payload["temperature"] = cfg.temperature
         return payload
@@ -112,7 +137,7 @@ class ResponseLifecycle:
         while the user speaks, only the last words are left for the critical path."""
         if not self.hints:
             return
-        messages = Conversation.messages_of(self._conversation.items, cfg.instructions)
+        messages = Conversation.messages_of(self._conversation.items, model_instructions(cfg.instructions))
         messages.append({"role": "user", "content": heard})
         self._commands.append(cmd.PrefillHint(self._payload(cfg, messages, True)))
 

@@ -61,6 +61,7 @@ class Response:
     pending_final: tuple[ResponseState, str | None] | None = None  # finished while still held
     calls: dict[int, Item] = field(default_factory=dict)  # function_call items by the engine's call index
     output: list[Item] = field(default_factory=list)  # output items in the order they were announced
+    single_call: bool = False  # parallel_tool_calls false: calls after the first are left out
     message_refused: bool = False  # the conversation had no room for the message item: the answer failed without it
 
     def output_index(self, item: Item) -> int:

@@ -22,7 +22,10 @@ class ToolCallItems:
         self._emit = emit
 
     def on_delta(self, resp: Response, d: c.ToolCallDelta) -> None:
-        """The model is calling a tool: a ``function_call`` output item whose arguments stream."""
+        """The model is calling a tool: a ``function_call`` output item whose arguments stream. Under
+        ``parallel_tool_calls: false`` a call after the response's first is left out (any engine may write more)."""
+        if resp.single_call and resp.calls and d.index not in resp.calls:
+            return
         item = resp.calls.get(d.index)
         if item is None:
             item = Item(id=new_id("item"), role="assistant", content=[], status="in_progress", type="function_call",
@@ -42,6 +45,8 @@ class ToolCallItems:
                               "output_index": resp.output_index(item), "call_id": item.call_id, "delta": d.arguments_delta})
 
     def on_done(self, resp: Response, d: c.ToolCallDone) -> None:
+        if resp.single_call and resp.calls and d.index not in resp.calls:
+            return
         item = resp.calls.get(d.index)
         if item is None:
             self.on_delta(resp, c.ToolCallDelta(d.index, d.call_id, d.name, ""))

@@ -26,6 +26,7 @@ class TransportSettings(Protocol):
     webrtc_max_pending_calls: int  # WebRTC calls answered but not connected (omni_rt.transports.webrtc_admission)
     webrtc_max_pending_per_client: int  # of those, from one source address
     webrtc_connect_timeout_s: float  # a pending call not connected by then is freed
+    tool_preamble: str  # "auto" | "off": the sessions' default (omni_rt.engine.tools.preamble)
 
 
 class TransportHost(Protocol):
@@ -51,5 +52,6 @@ def new_session(host: TransportHost, model: str | None = None, *, beta_events: b
     """
     options = SessionOptions(model_name=model[:MAX_MODEL_NAME_CHARS] if model else host.model_name,
                              speculative_responses=host.settings.speculative_responses, beta_events=beta_events,
+                             tool_preamble=getattr(host.settings, "tool_preamble", "auto"),
                              voices=tuple(host.config.voices))
     return RealtimeSession(options, host.session_limits(), session=session)

@@ -121,8 +121,7 @@ async def run_tool_flow(server, tools: list, first_choice, switch: dict, questio
                     if event.type == "tool_start" and event.tool.name in switch:
                         await session.model.send_event(RealtimeModelSendRawMessage(message=RealtimeModelRawClientMessage(
                             type="session.update", other_data={"session": {"type": "realtime", "tool_choice": switch[event.tool.name]}})))
-                    types = [e.type for e in seen]
-                    if event.type == "agent_end" and "tool_end" in types and "audio" in types[len(types) - 1 - types[::-1].index("tool_end"):]:
+                    if event.type == "agent_end" and "audio" in [e.type for e in seen[_answer_start(seen):]]:
                         break
         except TimeoutError:
             raise AssertionError(f"no spoken answer after the tools: {[e.type for e in seen if e.type not in ('audio', 'raw_model_event')][-20:]}, "
@@ -132,9 +131,18 @@ async def run_tool_flow(server, tools: list, first_choice, switch: dict, questio
     return seen, history
 
 
+def _answer_start(seen: list) -> int:
+    """Where the answer after the last tool's output begins: the first response created after the last tool_end
+    (the response that made the call may still be speaking its preamble when a fast tool ends); len(seen) if none."""
+    ends = [i for i, e in enumerate(seen) if e.type == "tool_end"]
+    if not ends:
+        return len(seen)
+    return next((i for i, e in enumerate(seen) if i > ends[-1] and e.type == "raw_model_event"
+                 and e.data.type == "raw_server_event" and e.data.data.get("type") == "response.created"), len(seen))
+
+
 def _spoken_after_last_tool(seen: list) -> int:
-    last = max(i for i, e in enumerate(seen) if e.type == "tool_end")
-    return sum(len(e.audio.data) for e in seen[last:] if e.type == "audio")
+    return sum(len(e.audio.data) for e in seen[_answer_start(seen):] if e.type == "audio")
 
 
 def _no_empty_assistant_messages(history: list) -> None:
@@ -216,3 +224,29 @@ async def test_agents_sdk_default_settings_answer_a_spoken_question_promptly(liv
     v2v_ms = (first_audio[0] - t_end) * 1000
     print(f"\nAgents SDK defaults: first answer audio {v2v_ms:.0f} ms after the speaker stopped (limit {limit_ms}, busy={busy})")
     assert v2v_ms <= limit_ms, (v2v_ms, seen[:20])
+
+
+@function_tool
+async def get_order_status(order_id: str) -> str:
+    """The delivery status of a customer's order."""
+    CALLS.append(("get_order_status", order_id))
+    await asyncio.sleep(3.0)  # a real backend taking its time
+    return "The order has shipped and arrives on Tuesday."
+
+
+async def test_agents_sdk_slow_tool_hears_a_preamble_and_runs_once(live_server):
+    """A 3 s tool: the agent speaks its preamble while the tool runs (audio before the tool ends), the tool runs
+    once, and the answer after it says what the tool returned."""
+    seen, history = await run_tool_flow(live_server, [get_order_status], "required", {"get_order_status": "auto"},
+                                        "Where is my order 42?")
+    assert [name for name, _ in CALLS] == ["get_order_status"], CALLS
+    assert sum(e.type == "tool_start" for e in seen) == 1
+    first_tool = next(i for i, e in enumerate(seen) if e.type == "tool_start")
+    tool_end = next(i for i, e in enumerate(seen) if e.type == "tool_end")
+    preamble_audio = sum(len(e.audio.data) for e in seen[:tool_end] if e.type == "audio")
+    assert preamble_audio > 24000, f"{preamble_audio} bytes of audio before the tool ended (tool_start at {first_tool})"
+    messages = [it for it in history if getattr(it, "role", None) == "assistant" and getattr(it, "type", None) == "message"]
+    spoken = " ".join(str(getattr(c, "transcript", "") or "") for c in messages[-1].content).lower()
+    assert any(w in spoken for w in ("tuesday", "shipped")), spoken
+    assert "look up the order status" in " ".join(str(getattr(c, "transcript", "") or "") for m in messages for c in m.content).lower()
+    _no_empty_assistant_messages(history)

@@ -213,3 +213,85 @@ def test_remote_engine_never_repeats_an_answered_call(remote):
     assert out["error"] is None, out["error"]
     assert not _calls(out["stream"])[1] and "tool_calls" not in out["result"], out["result"]
     _no_call_text(out["stream"])
+
+
+def test_remote_maps_parallel_calls_from_omni_rts_own_front(remote):
+    """``required`` + ``parallel_tool_calls`` on the built-in engine behind omni-rt's OpenAI-compatible front:
+    it streams each call under its own ``index``; the remote engine maps them to calls 0, 1, ... again."""
+    req = {"messages": ASK, "tools": [BOOK, WEATHER], "tool_choice": "required", "parallel_tool_calls": True, "max_tokens": 70}
+    send(remote, "par", req)
+    out = _run(remote, "par")
+    deltas, done = _calls(out["stream"])
+    assert len(done) >= 2 and [d["index"] for d in done] == list(range(len(done)))
+    assert len({d["call_id"] for d in done}) == len(done)
+    for d in done:
+        assert deltas[d["index"]] == d["arguments"]
+        _check_call(d, WEATHER if d["name"] == "get_weather" else BOOK)
+    _no_call_text(out["stream"])
+    assert wait_until(lambda: remote.live_state() == 0)
+
+
+class _TwoCallsUpstream:
+    """A stand-in model server on 127.0.0.1 speaking the chat-completions streaming format: every request is
+    answered with two tool calls (index 0, then 1, arguments in pieces), as OpenAI / vLLM stream them."""
+
+    CHUNKS = [
+        {"role": "assistant", "content": None},
+        {"tool_calls": [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]},
+        {"tool_calls": [{"index": 1, "id": "call_b", "type": "function", "function": {"name": "book_table", "arguments": ""}}]},
+        {"tool_calls": [{"index": 1, "function": {"arguments": '{"people": 2}'}}]},
+    ]
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        chunks = self.CHUNKS
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "stand-in"}
+                for i, delta in enumerate(chunks + [{}]):
+                    finish = "tool_calls" if i == len(chunks) else None
+                    body = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                    self.wfile.write(f"data: {json.dumps(body)}\n\n".encode())
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_remote_maps_an_upstreams_two_streamed_calls_after_a_preamble():
+    upstream = _TwoCallsUpstream()
+    sched = create_ar_scheduler("smollm2", backend="remote", base_url=upstream.base_url)
+    sched.start()
+    try:
+        send(sched, "two", {"messages": ASK, "tools": [WEATHER, BOOK], "max_tokens": 40, "tool_preamble": "auto"})
+        out = _run(sched, "two")
+        deltas, done = _calls(out["stream"])
+        assert [(d["index"], d["call_id"], d["name"], d["arguments"]) for d in done] == [
+            (0, "call_a", "get_weather", '{"city": "Paris"}'), (1, "call_b", "book_table", '{"people": 2}')]
+        assert deltas == {0: '{"city": "Paris"}', 1: '{"people": 2}'}
+        first_call = next(i for i, c in enumerate(out["stream"]) if isinstance(c, (ToolCallDelta, ToolCallDone)))
+        assert "".join(text_of(c) for c in out["stream"][:first_call]) == "Let me look up the weather."  # one preamble
+        assert "".join(text_of(c) for c in out["stream"][first_call:]) == ""
+        assert [c["call_id"] for c in out["result"]["tool_calls"]] == ["call_a", "call_b"]
+        assert wait_until(lambda: sched.live_state() == 0)
+    finally:
+        sched.stop()
+        upstream.stop()

@@ -57,7 +57,7 @@ class Sequence:
     def result(self) -> dict[str, Any]:
         ttft = ((self.first_token_at or time.perf_counter()) - self.arrival) * 1000.0
         return result_payload(
-            text="".join(self.tools.spoken) if self.tools is not None else (self.text.text if self.text else ""),
+            text=self.tools.preamble.text + "".join(self.tools.spoken) if self.tools is not None else (self.text.text if self.text else ""),
             token_ids=list(self.out_ids),
             finish_reason=self.finish_reason or "abort",
             prompt_tokens=len(self.prompt_ids),

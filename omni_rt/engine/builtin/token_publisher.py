@@ -65,6 +65,8 @@ class TokenPublisher:
                 seq.finish_reason = "policy"
             elif seq.finished and not stop:
                 chunks.append(TextDelta(policy.finish(seq.finish_reason), []))
+        if seq.tools is not None:  # a spoken phrase before a call the model wrote no words for (tools.preamble)
+            chunks = seq.tools.preamble.apply(chunks)
         for chunk in chunks:
             if not isinstance(chunk, TextDelta) or chunk.text or chunk.token_ids:
                 self._emit(seq.request_id, "stream", chunk)
@@ -76,5 +78,5 @@ class TokenPublisher:
         out = seq.result()
         policy = self._policies.get(seq.request_id)
         if policy is not None:
-            out["text"] = policy.spoken
+            out["text"] = (seq.tools.preamble.text if seq.tools is not None else "") + policy.spoken
         return out

@@ -43,7 +43,7 @@ class ToolDecoding:
             grammar = self._grammars.for_tools(fmt, req.tools, req.tool_choice, bool(req.parallel_tool_calls))
         elif (still := callable_tools(req.tools, req.tool_choice, req.messages)) is not None:
             grammar = self._grammars.for_answer(fmt, still)  # an answered call is not made again
-        return ToolStream(fmt, grammar)
+        return ToolStream(fmt, grammar, req.tool_preamble)
 
     def mask(self, rows: list[Sequence]):
         """[B, V] bool mask of the rows' grammars, or None when no row is constrained."""

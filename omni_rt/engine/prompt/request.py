@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from omni_rt.engine.tools.preamble import parse_preamble_mode
 from omni_rt.engine.tools.schema import check_message, parse_tool_choice, validate_tools
 
 OutputMode = Literal["text", "tokens"]
@@ -66,6 +67,7 @@ class GenRequest:
     tools: list[dict[str, Any]] | None = None  # Realtime flat function tools (omni_rt.engine.tools.schema)
     tool_choice: Any = "auto"  # "auto" | "none" | "required" | {"type": "function", "name": str}
     parallel_tool_calls: bool | None = None  # a forced choice decodes one call unless True
+    tool_preamble: str = "off"  # "auto": a spoken phrase before a call the model wrote no words for (tools.preamble)
     answer_policy: AnswerPolicyParams | None = None  # None: raw text, no voice policy (a plain LM request)
 
 
@@ -167,6 +169,7 @@ def parse_request(
     parallel = data.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise ValueError("'parallel_tool_calls' must be a boolean")
+    preamble = parse_preamble_mode(data.get("tool_preamble"))
     return GenRequest(
         prompt_ids=prompt_ids,
         messages=messages,
@@ -181,6 +184,7 @@ def parse_request(
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
+        tool_preamble=preamble,
         answer_policy=parse_answer_policy(data.get("answer_policy"), default_policy),
     )
 

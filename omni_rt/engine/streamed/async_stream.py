@@ -23,6 +23,7 @@ from omni_rt.engine.prompt.history import HistoryWindow, request_error_code
 from omni_rt.engine.prompt.language import check_languages, steer_messages
 from omni_rt.engine.prompt.request import GenRequest, _num, parse_answer_policy, parse_request, parse_sampling, result_payload
 from omni_rt.engine.tools.parser import ToolStream, UpstreamToolCalls
+from omni_rt.engine.tools.preamble import ToolPreamble
 from omni_rt.engine.tools.prompt import detect_format, render_prompt
 from omni_rt.contracts.payloads import TextDelta
 from omni_rt.engine.prompt.repetition import RepeatGuard, as_said, copy_retry, earlier_answers
@@ -210,14 +211,17 @@ class AsyncStreamScheduler(ThreadedScheduler):
         calls = UpstreamToolCalls()  # structured ``tool_calls`` deltas (an upstream with a tool-call parser)
         texts = self._text_tools(req)  # calls written into the text (an upstream without one; in-process sglang)
         stopped = False
+        preamble = ToolPreamble(req.tool_preamble if req.tools and req.tool_choice != "none" else "off")
 
         def publish(out: list) -> bool:
-            """Emit chunks; the policy filters the spoken text (never tool calls). True once it stopped."""
+            """Emit chunks; the policy filters the spoken text (never tool calls), then a spoken phrase goes before
+            a call the model wrote no words for (``tools.preamble``). True once the policy stopped."""
             nonlocal stopped
             for chunk in out:
                 if isinstance(chunk, TextDelta) and policy is not None:
                     chunk.text, stop = ("", True) if stopped else policy.feed(chunk.text)
                     stopped = stopped or stop
+            for chunk in preamble.apply(out):
                 if not isinstance(chunk, TextDelta) or chunk.text or chunk.token_ids:
                     if isinstance(chunk, TextDelta):
                         text.append(chunk.text)

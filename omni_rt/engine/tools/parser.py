@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni_rt.contracts.payloads import TextDelta, ToolCallDelta, ToolCallDone
+from omni_rt.engine.tools.preamble import PreambleMode, ToolPreamble
 from omni_rt.engine.tools.schema import ToolFormat
 
 # ------------------------------------------------------------------ stream payloads (one builder each)
@@ -291,9 +292,10 @@ def _partial_suffix(text: str, tag: str) -> int:
 class ToolStream:
     """Per-request tool state in the AR scheduler: the parser, and the grammar when the choice is forced."""
 
-    def __init__(self, fmt: ToolFormat, grammar: Any = None) -> None:
+    def __init__(self, fmt: ToolFormat, grammar: Any = None, preamble: PreambleMode = "off") -> None:
         self.parser = ToolCallParser(fmt)
         self.grammar = grammar
+        self.preamble = ToolPreamble(preamble)  # the publisher applies it after the answer policy
         self.spoken: list[str] = []  # the text chunks: the result's "text" (tool-call markup left out)
 
     def chunks(self, text: str, token_ids: list[int], final: bool) -> list[dict[str, Any]]:

@@ -21,7 +21,8 @@ from omni_rt.testing.stage_driver import collect, send, wait_until
 from omni_rt.engine.tools.parser import ToolCallParser
 from omni_rt.engine.tools.prompt import detect_format, render_prompt
 from omni_rt.engine.tools.schema import answered_tools, callable_tools, parse_tool_choice, validate_tools
-from omni_rt.contracts.payloads import ToolCallDelta, ToolCallDone, text_of
+from omni_rt.contracts.payloads import TextDelta, ToolCallDelta, ToolCallDone, text_of
+from omni_rt.engine.tools.preamble import ToolPreamble, parse_preamble_mode, phrase_for
 
 WEATHER = {
     "type": "function",
@@ -462,3 +463,45 @@ def test_grammar_mask_on_the_static_kv_path(tiny, tmp_path):
         _check_call(_calls(out["forced"]["stream"])[1][0], SWITCH)
     finally:
         sched.stop()
+
+
+# ------------------------------------------------------------------ spoken preambles
+
+
+@pytest.mark.parametrize("name, phrase", [
+    ("get_order_status", "Let me look up the order status."),
+    ("lookupFlightTimes", "Let me look up the flight times."),
+    ("search_flights", "Let me search for flights."),
+    ("book_table", "Let me check that."),
+    ("weather", "Let me check that."),
+    ("get_a_very_long_list_of_things_here", "Let me check that."),
+])
+def test_preamble_phrase_fits_the_function_name(name, phrase):
+    assert phrase_for(name) == phrase
+
+
+def test_preamble_goes_before_the_first_call_only_when_no_words_came_first():
+    call = ToolCallDelta(0, "call_1", "get_weather", "{")
+    out = ToolPreamble("auto").apply([TextDelta("", [1]), call, ToolCallDone(0, "call_1", "get_weather", "{}")])
+    assert [type(c).__name__ for c in out] == ["TextDelta", "TextDelta", "ToolCallDelta", "ToolCallDone"]
+    assert out[1].text == "Let me look up the weather."
+    own = ToolPreamble("auto")
+    assert own.apply([TextDelta("Sure, one moment.", [2]), call]) == [TextDelta("Sure, one moment.", [2]), call]
+    assert own.text == "" and ToolPreamble("off").apply([call]) == [call]
+    with pytest.raises(ValueError, match="tool_preamble"):
+        parse_preamble_mode("always")
+
+
+def test_smollm2_forced_call_is_preceded_by_a_spoken_preamble(smol):
+    """``tool_preamble: auto``: the phrase streams as text before the call's first chunk, and is the result's
+    text; without it the forced call carries no text at all."""
+    req = {"messages": ASK, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 40}
+    send(smol, "pre", {**req, "tool_preamble": "auto"})
+    send(smol, "nopre", req)
+    out = collect(smol, ["pre", "nopre"], timeout=120)
+    stream = out["pre"]["stream"]
+    first_call = next(i for i, c in enumerate(stream) if isinstance(c, (ToolCallDelta, ToolCallDone)))
+    assert "".join(text_of(c) for c in stream[:first_call]) == "Let me look up the weather."
+    assert out["pre"]["result"]["text"].startswith("Let me look up the weather.")
+    assert _calls(stream)[1] and _calls(stream)[1][0]["name"] == "get_weather"
+    assert not "".join(text_of(c) for c in out["nopre"]["stream"]).strip()

@@ -320,3 +320,80 @@ def test_the_thinker_hears_each_next_prompt_ahead() -> None:
     quiet.receive_asr(c.SpeechStarted(1, 0))
     quiet.receive_asr(c.TranscriptPartial(1, "what time"))
     assert not [x for x in drain(quiet)[1] if isinstance(x, cmd.PrefillHint)]
+
+
+TIME_TOOL = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+def test_spoken_answers_ask_for_a_preamble_unless_the_instructions_or_the_server_say_no() -> None:
+    s = opened()
+    s.receive_event({"type": "session.update", "session": {"type": "realtime", "tools": [TIME_TOOL]}})
+    s.receive_event({"type": "response.create"})
+    start = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse))
+    assert start.payload["tool_preamble"] == "auto"
+    s.receive_event({"type": "response.cancel"})
+    s.receive_event({"type": "response.create", "response": {"output_modalities": ["text"]}})  # nothing to speak it
+    start = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse))
+    assert "tool_preamble" not in start.payload
+    s.receive_event({"type": "response.cancel"})
+    s.receive_event({"type": "response.create", "response": {"instructions": "Be brief. No tool preamble."}})
+    start = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse))
+    assert "tool_preamble" not in start.payload
+    assert start.payload["messages"][0] == {"role": "system", "content": "Be brief."}  # the switch is not for the model
+    off = RealtimeSession(SessionOptions(tool_preamble="off"))
+    off.open()
+    off.receive_event({"type": "session.update", "session": {"type": "realtime", "tools": [TIME_TOOL]}})
+    off.receive_event({"type": "response.create"})
+    assert "tool_preamble" not in next(x for x in drain(off)[1] if isinstance(x, cmd.StartResponse)).payload
+
+
+def test_preamble_then_call_items_and_the_pending_call_across_another_answer() -> None:
+    """The preamble is the message item (index 0) before the call (index 1); while the call is pending another
+    question is answered; the late output is answered with the history in order, the preamble and its call
+    one assistant turn."""
+    s = opened()
+    s.receive_event({"type": "session.update", "session": {"type": "realtime", "tools": [TIME_TOOL]}})
+    s.receive_event({"type": "response.create"})
+    rid = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse)).response_id
+    s.receive_output(rid, "text", c.TextDelta("Let me check that.", []))
+    s.receive_output(rid, "text", c.ToolCallDelta(0, "call_0", "get_time", '{"city": "Rome"}'))
+    s.receive_output(rid, "text", c.ToolCallDone(0, "call_0", "get_time", '{"city": "Rome"}'))
+    s.receive_output(rid, "audio", c.PcmChunk(b"\0\0" * 480, 480))
+    s.receive_result(rid, {})
+    events, _ = drain(s)
+    added = [(e["output_index"], e["item"]["type"]) for e in events if e["type"] == "response.output_item.added"]
+    assert added == [(0, "message"), (1, "function_call")]
+    audio = [e for e in events if e["type"] == "response.output_audio.delta"]
+    assert audio and {e["output_index"] for e in audio} == {0}
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert [o["type"] for o in done["output"]] == ["message", "function_call"]
+    # another question while the call is pending: answered at once
+    s.receive_event({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                  "content": [{"type": "input_text", "text": "And the date?"}]}})
+    s.receive_event({"type": "response.create"})
+    events, commands = drain(s)
+    assert not [e for e in events if e["type"] == "error"], events
+    rid = next(x for x in commands if isinstance(x, cmd.StartResponse)).response_id
+    s.receive_output(rid, "text", c.TextDelta("It is Monday.", []))
+    s.receive_result(rid, {})
+    drain(s)
+    # the late output, then the answer that uses it
+    s.receive_event({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "call_0", "output": "09:00"}})
+    s.receive_event({"type": "response.create"})
+    msgs = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse)).payload["messages"]
+    assert [(m["role"], m["content"]) for m in msgs[-4:]] == [
+        ("assistant", "Let me check that."), ("user", "And the date?"), ("assistant", "It is Monday."), ("tool", "09:00")]
+    assert msgs[-4]["tool_calls"][0]["id"] == "call_0"
+
+
+def test_parallel_tool_calls_false_keeps_only_the_first_call() -> None:
+    s = opened()
+    s.receive_event({"type": "session.update", "session": {"type": "realtime", "tools": [TIME_TOOL], "parallel_tool_calls": False}})
+    s.receive_event({"type": "response.create"})
+    rid = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse)).response_id
+    for index, city in ((0, "Paris"), (1, "Rome")):
+        s.receive_output(rid, "text", c.ToolCallDelta(index, f"call_{index}", "get_time", f'{{"city": "{city}"}}'))
+        s.receive_output(rid, "text", c.ToolCallDone(index, f"call_{index}", "get_time", f'{{"city": "{city}"}}'))
+    s.receive_result(rid, {})
+    done = next(e for e in drain(s)[0] if e["type"] == "response.done")["response"]
+    assert [o["call_id"] for o in done["output"]] == ["call_0"]
