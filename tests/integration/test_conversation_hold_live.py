@@ -71,7 +71,7 @@ def _check_controls(s) -> None:
 
 
 def test_llama_cpp_thinker_applies_every_control():
-    from omni_rt.engine import llama_cpp
+    from omni_rt.engine.llama_cpp import build as llama_cpp
     from omni_rt.engine.factory import create_ar_scheduler
 
     if llama_cpp.locate_binary() is None:
