@@ -7,13 +7,10 @@ and ``no_repeat_ngram_size: 4`` were left out of every llama-server request, and
 "konkledi, konkledi, ..." until the word cap, and copied its earlier answers word for word).
 
 * llama.cpp (``llama_cpp_fields``):
-  - ``no_repeat_ngram_size: n`` -> llama-server's DRY sampler ("don't repeat yourself": it lowers the logit of
-    a token that would extend a sequence already in its window, more the longer the sequence) with
-    ``dry_allowed_length = n - 1`` (the n-th token of a repeat is the first one penalised, as the built-in ban
-    does) over the last ``DRY_LAST_N`` tokens: the answer and the end of the question. Measured over the whole
-    prompt (2048 tokens, multiplier 2) it also kept the model from saying the facts and tool results the prompt
-    holds (everyday facts right 15 -> 12 of 32, tool results used 5 -> 2 of 6; latency_bench.conversations), so
-    copies of earlier answers are left to the stream guard. DRY is a penalty, not a ban: the guard backs it up.
+  - ``no_repeat_ngram_size: n`` -> enforced on the stream by ``RepeatGuard`` (below), not by llama-server's DRY
+    sampler: DRY held each answer's first token back by about one decode step on a 2-core machine (it scans its
+    window before every token; docs/benchmarks/conversations.md), and over the whole prompt it also kept the model
+    from saying the facts and tool results the prompt holds.
   - ``repetition_penalty`` -> ``repeat_penalty`` over the last ``REPEAT_LAST_N`` tokens. Unlike the built-in
     (answer tokens only) llama-server counts the prompt's tail too (with its default 64-token window and 1.2
     SmolLM2 answered "What is the capital of France?" in French; with 16 it answered a tea question with coffee);
@@ -40,13 +37,6 @@ from typing import Any, Iterable
 
 from omni_rt.engine.prompt.request import SamplingParams
 
-# DRY (llama.cpp's defaults are multiplier 0.8, base 1.75, allowed length 2): the penalty at the n-th token of a
-# repeat is multiplier * base^(len - allowed): 1 logit, then 1.75, 3, 5.4, ... a loop is banned within a few tokens
-DRY_MULTIPLIER = 1.0
-DRY_BASE = 1.75
-# DRY looks this many tokens back (the answer, up to the voice policy's ~35 words, and the question's end; this
-# llama-server refuses -1, "whole context", and 0 turns DRY off)
-DRY_LAST_N = 64
 # llama-server's repeat_penalty window: at the answer's start it holds the template's turn markers and the question's
 # "?" only, then the answer's own last tokens. With 16 the question's words were in it and single questions got
 # worse ("How do I make a cup of tea?" -> "To brew your own coffee ..."; "Which ocean is the largest?" ->
@@ -56,7 +46,8 @@ REPEAT_LAST_N = 6
 
 def llama_cpp_fields(s: SamplingParams) -> dict[str, Any]:
     """The request fields that carry ``s``'s repetition controls to llama-server (names as its server parses
-    them: ``repeat_penalty``, ``repeat_last_n``, ``dry_*``, ``frequency_penalty``, ``presence_penalty``)."""
+    them: ``repeat_penalty``, ``repeat_last_n``, ``frequency_penalty``, ``presence_penalty``); the n-gram ban is the
+    stream guard's."""
     out: dict[str, Any] = {}
     if s.repetition_penalty != 1.0:
         out["repeat_penalty"] = s.repetition_penalty
@@ -65,14 +56,10 @@ def llama_cpp_fields(s: SamplingParams) -> dict[str, Any]:
         out["frequency_penalty"] = s.frequency_penalty
     if s.presence_penalty:
         out["presence_penalty"] = s.presence_penalty
-    if s.no_repeat_ngram_size > 0:
-        out.update(dry_multiplier=DRY_MULTIPLIER, dry_base=DRY_BASE,
-                   dry_allowed_length=max(1, s.no_repeat_ngram_size - 1), dry_penalty_last_n=DRY_LAST_N)
     return out
 
 
-LLAMA_CPP_PENALTY_KEYS = ("repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty", "dry_multiplier",
-                          "dry_base", "dry_allowed_length", "dry_penalty_last_n")
+LLAMA_CPP_PENALTY_KEYS = ("repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty")
 
 _WORD = re.compile(r"[A-Za-z0-9\u00c0-\uffff]+(?:'[A-Za-z]+)?")
 
@@ -158,7 +145,11 @@ class RepeatGuard:
         before anything of it is spoken."""
         from omni_rt.engine.prompt.language import guess_language
 
-        guess = guess_language(" ".join(self.words)) if self.words else None
+        # the word being written counts too: "The" is English before the next token says it is a whole word, so
+        # an answer in the voice's language is passed on at its first token, not held for a second one
+        tail = _WORD.findall(self.text[self._scanned :])
+        seen = " ".join(self.words + tail[:1])
+        guess = guess_language(seen) if seen else None
         if guess is not None and guess not in self.languages:
             return "off"
         if guess is not None or len(self.words) >= LANGUAGE_WORDS:

@@ -38,8 +38,7 @@ def _penalty_fields(s: SamplingParams, dialect: Dialect) -> dict[str, Any]:
     keys; SGLang/vLLM accept their extensions). No OpenAI-compatible upstream has ``no_repeat_ngram_size``: it
     is enforced on the stream instead (``omni_rt.engine.prompt.repetition.RepeatGuard``), never silently dropped.
 
-    llama.cpp gets its own samplers (``repetition.llama_cpp_fields``: DRY for the n-gram ban; ``repeat_penalty``
-    over a short window, since its penalties count the prompt's tokens too, ours the answer's only, and a long
+    llama.cpp gets its own samplers (``repetition.llama_cpp_fields``: ``repeat_penalty`` over a short window, since its penalties count the prompt's tokens too, ours the answer's only, and a long
     window pushes the answer off the question's own words: docs/benchmarks/engine.md, "Penalties through
     llama.cpp"); a forced call gets none of them."""
     if dialect == "llama.cpp":
