@@ -1,7 +1,8 @@
 """Integration tests: everything under tests/integration/ starts a server, a subprocess, a browser or an SDK.
 
 Each test here gets the ``integration`` marker (``python -m pytest -m "not integration"`` runs the unit tests
-alone), and ``live_server``: the CPU-preset server most end-to-end tests talk to, one process per test session.
+alone; a test under tests/unit/ that runs a real model for seconds carries the marker in place), and
+``live_server``: the CPU-preset server most end-to-end tests talk to, one process per test session.
 """
 
 from __future__ import annotations

@@ -75,6 +75,7 @@ def test_gpu_preset_loads_and_names_its_models():
     assert cfg.stage("codec_lm").factory.endswith("create_ar_scheduler")  # a normal AR stage, no nested scheduler
 
 
+@pytest.mark.integration  # a real model runs for seconds
 async def test_gpu_preset_paths_on_cpu(tiny_models, speech_samples):
     coord = Coordinator(gpu_like_config(tiny_models))
     await coord.start()

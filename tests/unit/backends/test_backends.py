@@ -234,6 +234,7 @@ def test_faster_whisper_missing_model_is_a_clear_error(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- transformers Whisper (GPU preset path)
 
 
+@pytest.mark.integration  # a real model runs for seconds
 def test_transformers_whisper_tiny_random_batch() -> None:
     import torch
     from transformers import WhisperConfig, WhisperForConditionalGeneration

@@ -166,6 +166,7 @@ def _stage(denoiser):
     return AsrWorker(FasterWhisperASR(), SileroVadModel(), denoiser=denoiser)
 
 
+@pytest.mark.integration  # a real model runs for seconds
 def test_stage_denoises_before_the_vad_and_refuses_without_a_denoiser(lib, speech) -> None:
     """Noise alone with noise reduction on starts no turn; the same stream's state is the session's. A server
     whose preset turned it off refuses the update by its code, and the old settings stand."""

@@ -70,6 +70,7 @@ def _first_token_s(sched, rid: str, msgs: list[dict], max_tokens: int = 1) -> tu
             return first, msg.data
 
 
+@pytest.mark.integration  # a real model runs for seconds
 def test_bystander_first_token_while_a_long_prompt_prefills():
     sched = _sched("smollm2")
     try:

@@ -273,6 +273,7 @@ def _check_call(done: dict, tool: dict) -> dict:
     return args
 
 
+@pytest.mark.integration  # a real model runs for seconds
 def test_smollm2_forced_named_call_is_valid(smol):
     named = {"type": "function", "name": "get_weather"}
     send(smol, "named", {"messages": ASK, "tools": [WEATHER, BOOK], "tool_choice": named, "max_tokens": 40})
@@ -291,6 +292,7 @@ def test_smollm2_forced_named_call_is_valid(smol):
     assert wait_until(lambda: smol.live_state() == 0)
 
 
+@pytest.mark.integration  # a real model runs for seconds
 def test_smollm2_required_parallel_calls_get_indices(smol):
     """``required`` with ``parallel_tool_calls``: the greedy 135M model repeats its call; each gets its index,
     and one cut off by the token limit is never reported done."""
@@ -319,6 +321,7 @@ def test_tool_choice_none_and_auto(smol):
     assert res["prompt_tokens"] > out["plain"]["result"]["prompt_tokens"]  # the tool prompt is in
 
 
+@pytest.mark.integration  # a real model runs for seconds
 def test_constrained_row_batched_with_a_free_row(smol):
     """The grammar mask touches only its own row: a free request batched with a forced one decodes the same."""
     free = {"messages": [{"role": "user", "content": "Name a color."}], "max_tokens": 10}
@@ -394,6 +397,7 @@ def test_answer_grammar_speaks_or_calls_only_a_tool_still_callable(smol, fmt):
     assert "TEXT" in answer_grammar(fmt, []) and "call0" not in answer_grammar(fmt, [])
 
 
+@pytest.mark.integration  # a real model runs for seconds
 def test_smollm2_answers_from_the_output_instead_of_calling_again(smol):
     """The issue's flow on the built-in engine: the tool's output is in, tool_choice is auto. Before, SmolLM2
     called get_weather(Paris) again on every response; now it speaks, using the output; with a second tool
@@ -491,6 +495,7 @@ def test_preamble_goes_before_the_first_call_only_when_no_words_came_first():
         parse_preamble_mode("always")
 
 
+@pytest.mark.integration  # a real model runs for seconds
 def test_smollm2_forced_call_is_preceded_by_a_spoken_preamble(smol):
     """``tool_preamble: auto``: the phrase streams as text before the call's first chunk, and is the result's
     text; without it the forced call carries no text at all."""

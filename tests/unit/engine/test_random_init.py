@@ -119,6 +119,7 @@ def test_random_weights_flag_reaches_every_supporting_stage(monkeypatch):
     assert not any("random_init" in st.args for st in cpu.stages)
 
 
+@pytest.mark.integration  # a real model runs for seconds
 async def test_gpu_preset_on_random_weights_end_to_end(speech_samples):
     """The gpu preset file, every stage on tiny random weights through its factory's ``random_init``, on CPU:
     a spoken turn gets a transcript, a text turn gets streamed SNAC audio."""

@@ -209,6 +209,7 @@ def _speculates_after(asr_parts, speech_16k, silence_ms: int, others: int) -> bo
     return any(ev["type"] == "TranscriptSpeculative" for _, _, ev in evs)
 
 
+@pytest.mark.integration  # a real model runs for seconds
 def test_a_session_alone_starts_its_speculative_decode_sooner(asr_parts, speech_16k):
     """``speculative_alone_after_ms`` (100) for the only open session; ``speculative_after_ms`` (150) once
     another session is open. The VAD's own release lag is measured, not assumed: find the shortest trailing

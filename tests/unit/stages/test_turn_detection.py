@@ -243,6 +243,7 @@ def test_turn_detection_bad_values_name_the_field(td: dict[str, Any], param: str
 # ---------------------------------------------------------------- semantic_vad on the real ASR stage
 
 
+@pytest.mark.integration  # a real model runs for seconds
 def test_semantic_vad_ends_a_complete_question_sooner_than_server_vad(asr_stage, tts) -> None:
     speech = say(tts, COMPLETE)
     audio = np.concatenate([silence(500), speech, silence(1500)])
@@ -263,6 +264,7 @@ def test_semantic_vad_ends_a_complete_question_sooner_than_server_vad(asr_stage,
     assert of(sem, "transcript.final")[0]["speculative"] is True
 
 
+@pytest.mark.integration  # a real model runs for seconds
 def test_a_lone_session_answers_from_the_words_before_the_sound_is_scored(asr_stage, tts) -> None:
     """A session alone on the server (semantic_vad): Whisper's words come first and, when they end the turn
     whatever the sound ("...France?": a question), the held answer starts from them at once
