@@ -26,6 +26,8 @@ differs is only the carriage:
 aiortc is an optional dependency (the ``webrtc`` extra); without it the route answers 501. This module is the call
 and its registry; the audio tracks are in ``webrtc_media.py``, the offer's parsing and checks in ``webrtc_offer.py``,
 where the ICE sockets bind (``--webrtc-host``, advertised address, port range) in ``webrtc_ice.py``.
+Why ~500 lines: a call's life (answer, admit, run, hang up, free) is one state machine whose steps share the
+call's fields and its cleanup path; split across modules, each exit would have to re-learn what to free.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ The scheduler is the policy (admission, prefill chunking, reaping, prefix restor
 is ``sequence_builder.SequenceBuilder`` (prompt fitting, budgets, limits), how a tool request decodes is
 ``tool_decoding.ToolDecoding`` (parser, grammar, the step's mask), and what leaves for each sampled token is
 ``token_publisher.TokenPublisher`` (tool-call split, answer policy, stream/result messages). Why this module
-is still ~550 lines: what is left is one concept, the slot policy, whose steps (admit, chunk, join, reap,
+is still ~640 lines: what is left is one concept, the slot policy, whose steps (admit, chunk, join, reap,
 restore, free) all read and write the same row/slot/prefill-position state; cut apart they would share it
 through a wide interface again.
 
