@@ -161,6 +161,14 @@ class Coordinator:
             "stages": {name: st.live_state() for name, st in self.stages.items()},
         }
 
+    def release_memory(self) -> None:
+        """Every stage hands back what it keeps only for reuse (the server is idle); a stage that fails is logged."""
+        for name, st in self.stages.items():
+            try:
+                st.scheduler.release_memory()
+            except Exception as exc:  # noqa: BLE001 - an optimisation: a failure must not stop the others
+                log.warning("stage %s: releasing memory failed: %r", name, exc)
+
     def live_total(self) -> int:
         state = self.live_state()
         return state["requests"] + state["sessions"] + sum(sum(v.values()) for v in state["stages"].values())
@@ -255,8 +263,10 @@ class Coordinator:
     # ---- sessions --------------------------------------------------------------------------------
     def open_session(self, session_id: str, stage: str, params: OpenAudioIn | dict[str, Any], listener: EventListener) -> None:
         """Open per-session state in a session stage; its events go to ``listener(stage, event)``. ``params``: the
-        typed open op, delivered as it is, or (a stage without typed ops) the params of an ``open`` op."""
-        if session_id in self._listeners:
+        typed open op, delivered as it is, or (a stage without typed ops) the params of an ``open`` op. Opening
+        again with the same listener opens the stage's state again (after the stage expired it, idle)."""
+        known = self._listeners.get(session_id)
+        if known is not None and known != listener:
             raise ValueError(f"session '{session_id}' is already open")
         self._listeners[session_id] = listener
         st = self.stages[stage]

@@ -56,6 +56,7 @@ class RealtimeSession:
             config.update(session)
         self.decoder = InputDecoder(config.input_format, target_rate=PIPELINE_INPUT_RATE)
         self.closed = False
+        self._unheard_audio = False  # input audio the stage holds uncommitted: an expiry would drop it
         self.log = logging.LoggerAdapter(log, {"session_id": self.id})
         self._errors = 0
         self._commands: list[cmd.Command] = []
@@ -193,8 +194,25 @@ class RealtimeSession:
             return
         if isinstance(ev, (c.AudioInUpdated, c.AudioInUpdateRefused)):
             self.config_updates.receive(ev)
+        elif isinstance(ev, c.SessionExpired):
+            self._audio_in_expired(ev)
         else:
+            if isinstance(ev, c.SpeechStarted):
+                self._unheard_audio = True
+            elif isinstance(ev, (c.Committed, c.Cleared)):
+                self._unheard_audio = False
             self.turn_taking.receive(ev)
+
+    def _audio_in_expired(self, ev: c.SessionExpired) -> None:
+        """The audio-in stage freed this session's state after ``idle_s`` with no audio or op (its guard against
+        sessions nobody closes). This session is still open (text turns, a muted mic), so the state is opened
+        again with the current config and the next append is heard as before; the client hears of it only
+        when audio it had sent and not had committed was dropped (a turn in progress, or a manual buffer)."""
+        self._commands.append(self.config_updates.open_op())
+        if self._unheard_audio:
+            self.send_error(ProtocolError("session_expired", f"no input audio for {ev.idle_s:.0f} s: the uncommitted "
+                                          "input audio buffer was dropped", type_="server_error"))
+        self._unheard_audio = False
 
     def receive_output(self, response_id: str, role: str, data: Any) -> None:
         """A stream chunk of a running response, by the role of the stage that produced it."""
@@ -218,6 +236,8 @@ class RealtimeSession:
             raise ProtocolError("invalid_audio", f"{exc} (format {self.config.input_format})", "audio") from None
         if len(pcm):
             self._commands.append(cmd.AppendAudio(pcm))
+            if self.config.turn_detection is None:  # a manual buffer: held until the client commits it
+                self._unheard_audio = True
 
     def apply_config(self, config: SessionConfig) -> None:
         """A validated ``session.update`` (``config_updates`` confirms it)."""

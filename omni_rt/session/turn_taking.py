@@ -85,8 +85,6 @@ class TurnTaking:
                 self.log.warning("audio input failed: %s", ev.message)
                 message, type_ = "the audio input could not be processed", "server_error"
             self.send_error(ProtocolError(ev.code, message, type_=type_), event_id)
-        elif isinstance(ev, c.SessionExpired):
-            self.send_error(ProtocolError("session_expired", "session idle for too long; audio state was reset", type_="server_error"))
 
     def _on_committed(self, ev: c.Committed) -> None:
         if ev.trigger == "commit" and self.turns.commit_event_ids:
