@@ -263,6 +263,10 @@ def table(result: dict[str, Any]) -> str:
                  f"(sampled {min(rss) if rss else None}..{max(rss) if rss else None} MB over {len(rss)} s); "
                  f"open FDs {a.get('open_fds')} -> {b.get('open_fds')}")
     st = result.get("debug_state_end") or {}
+    mem = st.get("memory") or {}
+    lines.append(f"server RSS after the first session {a.get('rss_mb')} MB, after every session closed {b.get('rss_mb')} MB "
+                 f"(goal: within 50 MB); idle releases {mem.get('releases')}, the last returned "
+                 f"{(mem.get('last') or {}).get('returned_mb')} MB")
     cache = st.get("cache") or {}
     lines.append(f"/debug/state after: total={st.get('total')} sessions={st.get('sessions')} "
                  f"cache={json.dumps(cache or 'not exposed')[:600]}")
@@ -302,7 +306,7 @@ async def run_engine(args: Any, engine: str) -> dict[str, Any]:
         t0 = time.perf_counter()
         t_stop = t0 + args.max_s
         await asyncio.gather(*(
-            _session(url, i, CLASSES[i % len(CLASSES)], turns, stats, args.turn_timeout, t_stop)
+            _session(url, i, args.classes[i % len(args.classes)], turns, stats, args.turn_timeout, t_stop)
             for i in range(sessions)
         ))
         wall = time.perf_counter() - t0
@@ -367,6 +371,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated, of {', '.join(ENGINES)} (default both), or LABEL=PRESET_PATH (a variant)")
     p.add_argument("--marathon-turns", type=int, default=None, help="turns of the long session (default 100, 12 quick)")
     p.add_argument("--sessions", type=int, default=None)
+    p.add_argument("--classes", default=",".join(CLASSES), type=lambda v: [c for c in v.split(",") if c],
+                   help=f"session classes of the mix, assigned round-robin (default {','.join(CLASSES)}); "
+                        "e.g. --classes long --sessions 10 --turns 100: ten heavy sessions for the memory figure")
     p.add_argument("--turns", type=int, default=None)
     p.add_argument("--url", default=None, help="ws://HOST:PORT of a running server")
     p.add_argument("--pid", type=int, default=None, help="that server's pid, for RSS and FDs")
@@ -383,6 +390,8 @@ def command(args: argparse.Namespace) -> int:
             label, path = e.split("=", 1)
             ENGINES[label] = path
     args.engines = [e.split("=", 1)[0] for e in args.engines]
+    if bad := [c for c in args.classes if c not in CLASSES]:
+        raise SystemExit(f"python -m latency_bench soak: error: unknown class(es) {bad}; choose from {list(CLASSES)}")
     unknown = [e for e in args.engines if e not in ENGINES]
     if unknown:
         raise SystemExit(f"python -m latency_bench soak: error: unknown engine(s) {unknown}; choose from {list(ENGINES)}")

@@ -140,6 +140,26 @@ class PiperTTS:
                 yield self._decode(latent, cut, frames)
             first = None  # only the first sentence's start is worth sending early
 
+    def release_memory(self) -> None:
+        """Give back what onnxruntime's CPU arenas grew to. An arena keeps the peak of every run for reuse (a
+        long sentence, or several voices at once, can hold hundreds of MB for good); a run with the
+        ``memory.enable_memory_arena_shrinkage`` option frees the arena's unused regions when it ends. So one tiny
+        run of each graph with that option, called when the server is idle: the next long sentence grows it
+        again, which costs an allocation, not the arena's speed on every run (disabling the arena costs that)."""
+        import onnxruntime as ort
+
+        shrink = ort.RunOptions()
+        shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        ids = np.array([self.voice.phonemes_to_ids(next(p for p in self.voice.phonemize("Hi.") if p))], dtype=np.int64)
+        feed = {"input": ids, "input_lengths": np.array([ids.shape[1]], dtype=np.int64),
+                "scales": np.array([0.667, 1.0, 0.8], dtype=np.float32)}
+        if self.voice.config.num_speakers > 1:
+            feed["sid"] = np.array([getattr(self.voice.config, "default_speaker_id", 0) or 0], dtype=np.int64)
+        out = self.voice.session.run(None, feed, shrink)[0]
+        if self._decoder is not None and self._latent is not None:
+            latent = out if out.ndim == 3 else out[None]
+            self._decoder.run(None, {self._latent: latent[..., :DECODER_CONTEXT_FRAMES + 1]}, shrink)
+
     def _decode(self, latent: np.ndarray, start: int, end: int) -> np.ndarray:
         """Waveform samples of latent frames ``[start, end)``, decoded with context on each side."""
         assert self._decoder is not None and self._latent is not None

@@ -165,7 +165,7 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
                  for p in threadpool_info()]  # the native thread pools loaded here: what shares the cores
         return JSONResponse({"live": runtime.live_state(), "total": runtime.coordinator.live_total(),
                              "sessions": len(runtime.sessions), "webrtc": calls.state(), "cache": cache,
-                             "thread_pools": pools})
+                             "thread_pools": pools, "memory": runtime.memory.state()})
 
     @app.get("/debug/stage_times")
     async def debug_stage_times(request: Request, after: int = 0) -> JSONResponse:

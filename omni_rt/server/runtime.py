@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from threadpoolctl import threadpool_limits
 
@@ -14,6 +14,7 @@ from omni_rt.audio import PIPELINE_INPUT_RATE
 from omni_rt.pipeline.config import ConfigError, PipelineConfig
 from omni_rt.pipeline.coordinator import Coordinator
 from omni_rt.realtime.session_config import SessionConfig
+from omni_rt.server.memory import IdleMemoryRelease
 from omni_rt.server.metrics import Metrics
 from omni_rt.server.settings import ServerSettings
 from omni_rt.session.core import SessionLimits
@@ -26,9 +27,10 @@ class SessionRegistry(set):
     """The open sessions (each transport's ``SessionRunner``), logging one structured line when a session opens
     and one when it closes: what an operator reads per session (id, transport, duration, answers, errors)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_idle: Callable[[], None] | None = None) -> None:
         super().__init__()
         self._opened: dict[int, tuple[float, str]] = {}
+        self._on_idle = on_idle  # called when the last open session has closed
 
     @staticmethod
     def _transport(runner: Any) -> str:
@@ -51,6 +53,8 @@ class SessionRegistry(set):
         session_log.info("session closed id=%s transport=%s duration_s=%.1f responses=%d errors=%d items=%d open=%d",
                  runner.session.id, transport, time.monotonic() - t0, stats.get("responses", 0), stats.get("errors", 0),
                  stats.get("items", 0), len(self))
+        if not self and self._on_idle is not None:
+            self._on_idle()
 
     def remove(self, runner: Any) -> None:
         if runner not in self:
@@ -85,7 +89,8 @@ class Runtime:
         self.max_response_tokens = settings.max_response_tokens
         self.speculative_responses = settings.speculative_responses
         self.coordinator: Coordinator | None = None  # type: ignore[assignment]
-        self.sessions: set[Any] = SessionRegistry()  # SessionRunner of every open connection
+        self.memory = IdleMemoryRelease(idle=lambda: not self.sessions, release_caches=self._release_stage_memory)  # freed heap back to the OS once no session is open
+        self.sessions: set[Any] = SessionRegistry(on_idle=self.memory)  # SessionRunner of every open connection
         self.draining = False  # shutting down: no new sessions
         self._warm_task: asyncio.Task | None = None
 
@@ -119,6 +124,10 @@ class Runtime:
             await asyncio.wait([self._warm_task], timeout=5)
         if self.coordinator is not None:
             await self.coordinator.stop()
+
+    def _release_stage_memory(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.release_memory()
 
     def _response_scheduler(self) -> Any:
         """The scheduler of the stage that answers (the thinker), None before start or without one."""

@@ -72,6 +72,11 @@ class Scheduler(Protocol):
         """What the scheduler keeps beyond live requests (cached prefixes, KV bytes...); {} when nothing."""
         ...
 
+    def release_memory(self) -> None:
+        """The server is idle: hand back buffers kept only for reuse (e.g. onnxruntime arenas a long input grew).
+        Called from a worker thread of the server, never while a session is open."""
+        ...
+
 
 class ThreadedScheduler:
     """Base for schedulers that compute in one daemon thread reading ``inbox``.
@@ -127,6 +132,9 @@ class ThreadedScheduler:
 
     def cache_state(self) -> dict[str, int]:
         return {}
+
+    def release_memory(self) -> None:
+        """Default: nothing kept for reuse beyond what the allocator holds."""
 
     def _guarded_loop(self) -> None:
         self.run_loop()

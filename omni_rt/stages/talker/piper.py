@@ -60,6 +60,9 @@ class PiperTalker(ClauseStreamWorker):
             if limit is not None and (limit := limit - 1) == 0:
                 break
 
+    def release_memory(self) -> None:
+        self.tts.release_memory()
+
     def result_extra(self, state: StreamState) -> dict[str, Any]:
         return {"audio_s": round(state.user.get("audio_samples", 0) / self.tts.sample_rate, 3)}
 
