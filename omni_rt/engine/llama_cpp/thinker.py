@@ -364,6 +364,10 @@ class LlamaCppThinker(RemoteThinker):
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         body = request_body(dataclasses.replace(req, messages=None, prompt_ids=ids, tools=None), self.model, self.dialect)
         if forced is not None:
+            from omni_rt.engine.prompt.repetition import LLAMA_CPP_PENALTY_KEYS
+
+            for key in LLAMA_CPP_PENALTY_KEYS:  # a call's JSON repeats its keys and the schema's names by design
+                body.pop(key, None)
             body["json_schema"] = forced  # llama-server decodes under the grammar it compiles from this
             # a call's JSON is not a spoken answer: give it room (a cut call is no call at all)
             body["max_tokens"] = max(body["max_tokens"], FORCED_CALL_MAX_TOKENS)

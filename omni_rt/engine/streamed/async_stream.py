@@ -26,6 +26,7 @@ from omni_rt.engine.tools.parser import ToolStream, UpstreamToolCalls
 from omni_rt.engine.tools.preamble import ToolPreamble
 from omni_rt.engine.tools.prompt import detect_format, render_prompt
 from omni_rt.contracts.payloads import TextDelta
+from omni_rt.engine.prompt.repetition import RepeatGuard, as_said, copy_retry, earlier_answers
 
 # request ids of prefill hints (``_prefill_hinted``): an engine tells a hint from an answer by it
 HINT_PREFIX = "hint:"
@@ -198,6 +199,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
         except ValueError as exc:
             self.emit_error(rid, exc, code="bad_request")
             return
+        whole = req.messages  # the session's whole chat: an answer trimmed out of the window is still not copied
         if req.messages is not None:
             req.messages = steer_messages(req.messages, self.languages)
             try:
@@ -226,29 +228,52 @@ class AsyncStreamScheduler(ThreadedScheduler):
                     self.emit(rid, "stream", chunk)
             return stopped
 
+        # loops and copies (omni_rt.engine.prompt.repetition): an n-gram the upstream cannot ban, an earlier answer of
+        # the session reproduced; spoken text only (a tool call's JSON repeats its keys by design)
+        guarded = req.output == "text" and texts is None
+        copies = earlier_answers(whole) if guarded else []
+        guard = RepeatGuard(req.sampling.no_repeat_ngram_size if guarded else 0, copies, self.languages if guarded else ())
         try:
-            # aclosing: leaving the loop early (the policy stopped) closes the upstream stream at once
-            async with aclosing(self.generate(rid, req)) as stream:
-                async for d in stream:
-                    if d.timings and upstream_timings is None:
-                        upstream_timings = d.timings
-                    if d.text or d.token_ids or d.tool_calls:
-                        first = first or time.perf_counter()
-                        chunks += 1
-                        ids.extend(d.token_ids)
-                        out = calls.feed(d.tool_calls, list(d.token_ids)) if d.tool_calls else []
-                        tok_ids = [] if d.tool_calls else list(d.token_ids)
-                        if texts is not None:  # tool calls never reach "text" (the talker speaks it)
-                            out += texts.chunks(d.text, tok_ids, final=False)
-                        elif d.text or tok_ids:
-                            out.append(TextDelta(d.text, tok_ids))
-                        if publish(out):
-                            finish = "policy"
-                            break
-                    finish = d.finish_reason or finish
-                    usage = d.usage or usage
-                    if d.finish_reason:
-                        publish(calls.finish())
+            for attempt in range(2):
+                # aclosing: leaving the loop early (the policy stopped) closes the upstream stream at once
+                async with aclosing(self.generate(rid, req)) as stream:
+                    async for d in stream:
+                        if d.timings and upstream_timings is None:
+                            upstream_timings = d.timings
+                        if d.text or d.token_ids or d.tool_calls:
+                            first = first or time.perf_counter()
+                            chunks += 1
+                            ids.extend(d.token_ids)
+                            out = calls.feed(d.tool_calls, list(d.token_ids)) if d.tool_calls else []
+                            tok_ids = [] if d.tool_calls else list(d.token_ids)
+                            said, repeated = guard.feed(d.text) if guarded else (d.text, False)
+                            if texts is not None:  # tool calls never reach "text" (the talker speaks it)
+                                out += texts.chunks(d.text, tok_ids, final=False)
+                            elif said or tok_ids:
+                                out.append(TextDelta(said, tok_ids))
+                            if publish(out):
+                                finish = "policy"
+                                break
+                            if repeated:
+                                finish = "repeat"
+                                break
+                        finish = d.finish_reason or finish
+                        usage = d.usage or usage
+                        if d.finish_reason:
+                            publish(calls.finish())
+                if guarded and finish not in ("policy", "repeat"):
+                    held = guard.finish()
+                    if held:
+                        publish([TextDelta(held, [])])
+                retry = copy_retry(req, guard, attempt, "".join(text))
+                if retry is None:
+                    if guard.reason == "copy" and not "".join(text).strip():  # asked again, the same answer again:
+                        publish([TextDelta(as_said(guard.text), [])])  # said as a repeat, not silence
+                        finish = "stop"
+                    break
+                # the second answer is not held for its language: one in the wrong language beats silence (and an
+                # empty turn in the history is copied by the next answers)
+                req, guard, finish = retry, RepeatGuard(guard.n, copies), None
             # the upstream finished (with or without a finish_reason): close what is open, release held text
             publish(calls.finish() + (texts.chunks("", [], final=True) if texts is not None else []))
         except asyncio.CancelledError:
@@ -261,6 +286,12 @@ class AsyncStreamScheduler(ThreadedScheduler):
             return
         finally:
             self.prompt_ids.pop(rid, None)
+        if finish == "repeat":  # the guard ended a loop or a copy: closed as a cut, at a sentence boundary
+            finish = "policy" if policy is not None else "stop"
+            tail = policy.finish("length") if policy is not None else ""
+            if tail:
+                text.append(tail)
+                self.emit(rid, "stream", TextDelta(tail, []))
         if policy is not None and finish not in ("policy", "abort"):
             tail = policy.finish(finish or "stop")  # a cut ("length") ends at the last sentence boundary
             if tail:

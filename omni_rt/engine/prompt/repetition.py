@@ -1,0 +1,217 @@
+"""Loop and copy control for engines that stream text from elsewhere (llama-server, any OpenAI-compatible upstream).
+
+The built-in engine applies the preset's ``sampling`` repetition controls in its own sampler, over the answer's
+tokens (``omni_rt.engine.builtin.sampling``). An upstream has other knobs, so each field is mapped to what it has, and
+what it has not is enforced here on the stream, never silently dropped (issue #50: ``repetition_penalty: 1.2``
+and ``no_repeat_ngram_size: 4`` were left out of every llama-server request, and a 135M thinker then said
+"konkledi, konkledi, ..." until the word cap, and copied its earlier answers word for word).
+
+* llama.cpp (``llama_cpp_fields``):
+  - ``no_repeat_ngram_size: n`` -> enforced on the stream by ``RepeatGuard`` (below), not by llama-server's DRY
+    sampler: DRY held each answer's first token back by about one decode step on a 2-core machine (it scans its
+    window before every token; docs/benchmarks/conversations.md), and over the whole prompt it also kept the model
+    from saying the facts and tool results the prompt holds.
+  - ``repetition_penalty`` -> ``repeat_penalty`` over the last ``REPEAT_LAST_N`` tokens. Unlike the built-in
+    (answer tokens only) llama-server counts the prompt's tail too (with its default 64-token window and 1.2
+    SmolLM2 answered "What is the capital of France?" in French; with 16 it answered a tea question with coffee);
+    a 6-token window keeps the question out of it: the template's turn markers, then the answer's own tokens.
+  - ``frequency_penalty`` / ``presence_penalty`` -> the same names (llama-server's penalties sampler).
+  A forced tool call gets none of these: a call's JSON repeats its keys by design.
+* other OpenAI-compatible upstreams: ``repetition_penalty`` is sent as is (vLLM and SGLang accept it),
+  frequency/presence penalties are OpenAI's own; ``no_repeat_ngram_size`` has no equivalent in the API, so it
+  is enforced on the stream (``RepeatGuard``).
+
+``RepeatGuard`` (every streamed engine, spoken answers only): a word n-gram that comes a second time ends the
+answer before it (the answer policy then closes it at a sentence boundary); an answer that is turning into a
+word-for-word copy of one of the session's earlier answers is held back while it still matches one (usually a
+word or two: "The ..."), and when it completes the copy nothing of it is spoken and it is asked again
+(``copy_retry``, sampled); an answer whose first words are another language's is asked again the same way, with
+the question primed for the voice's language. Nothing is held once the first words are known to be fine.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any, Iterable
+
+from omni_rt.engine.prompt.request import SamplingParams
+
+# llama-server's repeat_penalty window: at the answer's start it holds the template's turn markers and the question's
+# "?" only, then the answer's own last tokens. With 16 the question's words were in it and single questions got
+# worse ("How do I make a cup of tea?" -> "To brew your own coffee ..."; "Which ocean is the largest?" ->
+# Madagascar; latency_bench.quality --limit 7)
+REPEAT_LAST_N = 6
+
+
+def llama_cpp_fields(s: SamplingParams) -> dict[str, Any]:
+    """The request fields that carry ``s``'s repetition controls to llama-server (names as its server parses
+    them: ``repeat_penalty``, ``repeat_last_n``, ``frequency_penalty``, ``presence_penalty``); the n-gram ban is the
+    stream guard's."""
+    out: dict[str, Any] = {}
+    if s.repetition_penalty != 1.0:
+        out["repeat_penalty"] = s.repetition_penalty
+        out["repeat_last_n"] = REPEAT_LAST_N
+    if s.frequency_penalty:
+        out["frequency_penalty"] = s.frequency_penalty
+    if s.presence_penalty:
+        out["presence_penalty"] = s.presence_penalty
+    return out
+
+
+LLAMA_CPP_PENALTY_KEYS = ("repeat_penalty", "repeat_last_n", "frequency_penalty", "presence_penalty")
+
+_WORD = re.compile(r"[A-Za-z0-9\u00c0-\uffff]+(?:'[A-Za-z]+)?")
+
+
+def words_of(text: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(text.replace("\u2019", "'"))]
+
+
+def earlier_answers(messages: Iterable[dict[str, Any]] | None) -> list[list[str]]:
+    """The words of every assistant answer in the chat (tool-call turns without text left out)."""
+    out = []
+    for m in messages or ():
+        if m.get("role") == "assistant" and isinstance(m.get("content"), str):
+            w = words_of(m["content"])
+            if len(w) >= 3:
+                out.append(w)
+    return out
+
+
+LANGUAGE_WORDS = 4  # words an answer's language may stay unknown before it is let through
+
+
+class RepeatGuard:
+    """Fed an answer's raw streamed text: ``feed(delta) -> (text to pass on, stop?)``; ``finish()`` -> the text
+    still held (a copy that did not complete). ``n``: the word n-gram that may not come twice (0: off);
+    ``copies``: earlier answers (word lists) the answer may not reproduce."""
+
+    def __init__(self, n: int = 0, copies: list[list[str]] | None = None, languages: tuple[str, ...] = ()) -> None:
+        self.n = n
+        self.languages = tuple(languages)
+        self.language_open = bool(self.languages)  # the answer's first words are not yet known to be in one of them
+        self.copies = [c for c in (copies or []) if c]
+        self.grams: Counter = Counter()
+        self.words: list[str] = []
+        self.text = ""  # everything fed
+        self.passed = 0  # chars of ``text`` passed on
+        self.reason: str | None = None  # "loop" | "copy" once stopped
+        self._scanned = 0  # chars of ``text`` whose complete words are counted
+
+    def _matching_copy(self) -> bool:
+        """The answer so far (its words, and the start of the word being written) begins an earlier answer."""
+        w = self.words
+        tail = _WORD.findall(self.text[self._scanned :])
+        part = tail[0].lower() if tail else ""
+        return any(len(c) > len(w) and c[: len(w)] == w and c[len(w)].startswith(part) for c in self.copies) or any(
+            c == w and not part for c in self.copies)
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        if self.reason is not None:
+            return "", True
+        self.text += delta
+        # complete words only: a word is complete once a non-word character follows it
+        for m in _WORD.finditer(self.text, self._scanned):
+            if m.end() == len(self.text):
+                break
+            self._scanned = m.end()
+            self.words.append(m.group(0).lower().replace("\u2019", "'"))
+            if self.n and len(self.words) >= self.n:
+                gram = tuple(self.words[-self.n :])
+                self.grams[gram] += 1
+                if self.grams[gram] >= 2:
+                    return self._stop("loop", m.start())
+            if self.copies and any(len(c) == len(self.words) and c == self.words for c in self.copies):
+                return self._stop("copy", self.passed)
+        if self.language_open:
+            verdict = self._language()
+            if verdict == "off":
+                return self._stop("language", self.passed)
+            if verdict == "open":
+                return "", False  # held: a few words more say which language this is
+        if self.copies and self._matching_copy():
+            return "", False  # may still become a copy: held
+        out, self.passed = self.text[self.passed :], len(self.text)
+        return out, False
+
+    def _language(self) -> str:
+        """"ok" once the first words are in an allowed language (an English answer's first function word: "The",
+        "I", "You", ... so nearly always at once) or after ``LANGUAGE_WORDS`` words with no verdict; "off" when
+        they are another language's ("Eu nao Ana, amigo"); "open" until then.
+
+        Why hold at all: SmolLM2-135M answered "Hi! My name is Ana and I live in Lisbon." in Portuguese, and every
+        later answer copied that style; caught in its first words, the answer is asked again (``copy_retry``)
+        before anything of it is spoken."""
+        from omni_rt.engine.prompt.language import guess_language
+
+        # the word being written counts too: "The" is English before the next token says it is a whole word, so
+        # an answer in the voice's language is passed on at its first token, not held for a second one
+        tail = _WORD.findall(self.text[self._scanned :])
+        seen = " ".join(self.words + tail[:1])
+        guess = guess_language(seen) if seen else None
+        if guess is not None and guess not in self.languages:
+            return "off"
+        if guess is not None or len(self.words) >= LANGUAGE_WORDS:
+            self.language_open = False
+            return "ok"
+        return "open"
+
+    def _stop(self, reason: str, end: int) -> tuple[str, bool]:
+        self.reason = reason
+        out = self.text[self.passed : max(self.passed, end)]
+        self.passed = len(self.text)
+        return out, True
+
+    def finish(self) -> str:
+        """The end of the stream: a held text that is a whole earlier answer is dropped, else released."""
+        if self.reason is not None:
+            return ""
+        for m in _WORD.finditer(self.text, self._scanned):
+            self.words.append(m.group(0).lower())
+        self._scanned = len(self.text)
+        if self.copies and any(c == self.words for c in self.copies):
+            self.reason = "copy"
+            return ""
+        out, self.passed = self.text[self.passed :], len(self.text)
+        return out
+
+
+COPY_RETRY_TEMPERATURE = 0.7
+
+
+def copy_retry(req: Any, guard: RepeatGuard, attempt: int, spoken: str) -> Any | None:
+    """The request to send again when ``guard`` stopped an answer before any of it was spoken (only the first
+    attempt): a word-for-word copy of an earlier answer -> the same prompt sampled at ``COPY_RETRY_TEMPERATURE``
+    with a fixed seed (the second answer differs from the greedy copy and is reproducible); an answer in another
+    language -> the newest user turn ends with "English answer:". None: no retry."""
+    import dataclasses
+
+    if guard.reason not in ("copy", "language") or attempt > 0 or spoken.strip():
+        return None
+    if guard.reason == "language" and req.messages:
+        # the newest user turn primed for an answer in the voice's language, as steer_messages does for a
+        # question in another language ("... English answer:")
+        from omni_rt.engine.prompt.language import LANGUAGES
+
+        name = LANGUAGES[guard.languages[0]][0]
+        last = max(i for i, m in enumerate(req.messages) if m.get("role") != "assistant")
+        msgs = list(req.messages)
+        if msgs[last].get("role") == "user" and isinstance(msgs[last].get("content"), str):
+            msgs[last] = {**msgs[last], "content": f"{msgs[last]['content']}\n{name} answer:"}
+        return dataclasses.replace(req, messages=msgs)
+    s = req.sampling
+    sampling = dataclasses.replace(s, temperature=max(s.temperature, COPY_RETRY_TEMPERATURE),
+                                   seed=s.seed if s.seed is not None else 50)
+    return dataclasses.replace(req, sampling=sampling)
+
+
+def as_said(text: str) -> str:
+    """An answer that came out the same twice, spoken as the repeat it is: "As I said, the opposite of loud is
+    soft." (a user who asks the same question again hears the answer again, never word for word the same)."""
+    text = text.strip()
+    if not text:
+        return text
+    first = text.split(maxsplit=1)[0]
+    lower = first in ("I", "I'm", "I've", "I'd", "I'll") or (first.isupper() and len(first) > 1)
+    return "As I said, " + (text if lower else text[0].lower() + text[1:])
