@@ -237,8 +237,11 @@ def user_facts(messages: list[dict[str, Any]], cap: int, count: Callable[[str], 
     return said
 
 
-# a question about the user themselves: "What is my name?", "Which city do I live in?", "How old am I?"
-_ABOUT_ME = re.compile(r"\b(what|which|where|who)\b[^?]*\b(my|am i|do i)\b|\bhow old am i\b|\bfor me\b", re.IGNORECASE)
+# a question about the user themselves: "What is my name?", "Which city do I live in?", "How old am I?" -- told by
+# its words, not by a closing "?": a prefill hint carries the words heard so far ("What is my name"), and it must
+# get the same hint as the final question for the prompt it warms to be that question's prefix
+_ABOUT_ME = re.compile(r"^\W*(?:(?:and|so|now|ok|okay|hey|then),?\s+)?(?:(?:what|which|where|who)\b[^?]*\b(?:my|am i|do i)\b"
+                       r"|how old am i\b)|\bfor me\?", re.IGNORECASE)
 
 
 def recall_hints(messages: list[dict[str, Any]], cap: int, count: Callable[[str], int]) -> list[dict[str, Any]]:
@@ -256,7 +259,7 @@ def recall_hints(messages: list[dict[str, Any]], cap: int, count: Callable[[str]
     out = list(messages)
     for i, m in enumerate(messages):
         text = _content(m).strip()
-        if m.get("role") != "user" or not text.endswith("?") or not _ABOUT_ME.search(text):
+        if m.get("role") != "user" or not _ABOUT_ME.search(text):
             continue
         facts = user_facts(messages[:i], cap, count)
         if facts:

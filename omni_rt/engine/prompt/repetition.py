@@ -8,9 +8,8 @@ and ``no_repeat_ngram_size: 4`` were left out of every llama-server request, and
 
 * llama.cpp (``llama_cpp_fields``):
   - ``no_repeat_ngram_size: n`` -> enforced on the stream by ``RepeatGuard`` (below), not by llama-server's DRY
-    sampler: DRY held each answer's first token back by about one decode step on a 2-core machine (it scans its
-    window before every token; docs/benchmarks/conversations.md), and over the whole prompt it also kept the model
-    from saying the facts and tool results the prompt holds.
+    sampler: DRY scans its window before every token (the first token came a decode step later), and over the
+    whole prompt it also kept the model from saying the facts and tool results the prompt holds.
   - ``repetition_penalty`` -> ``repeat_penalty`` over the last ``REPEAT_LAST_N`` tokens. Unlike the built-in
     (answer tokens only) llama-server counts the prompt's tail too (with its default 64-token window and 1.2
     SmolLM2 answered "What is the capital of France?" in French; with 16 it answered a tea question with coffee);
@@ -21,12 +20,23 @@ and ``no_repeat_ngram_size: 4`` were left out of every llama-server request, and
   frequency/presence penalties are OpenAI's own; ``no_repeat_ngram_size`` has no equivalent in the API, so it
   is enforced on the stream (``RepeatGuard``).
 
-``RepeatGuard`` (every streamed engine, spoken answers only): a word n-gram that comes a second time ends the
-answer before it (the answer policy then closes it at a sentence boundary); an answer that is turning into a
-word-for-word copy of one of the session's earlier answers is held back while it still matches one (usually a
-word or two: "The ..."), and when it completes the copy nothing of it is spoken and it is asked again
-(``copy_retry``, sampled); an answer whose first words are another language's is asked again the same way, with
-the question primed for the voice's language. Nothing is held once the first words are known to be fine.
+``RepeatGuard`` (every streamed engine, spoken answers only) never holds an answer's first words for a check: the
+first words are what the talker waits for, and a held word is first-audio time lost on every answer that
+might have been a copy (most answers start "The ...", as most earlier ones did). It judges each word once
+it is complete, which is exactly when the answer policy would release it, so a verdict on a word always comes
+before anyone hears it:
+
+* a word n-gram that comes a second time ends the answer before it (the policy closes it at a sentence boundary);
+* an answer whose first complete words are another language's ("Eu nao Ana, amigo") is asked again before
+  anything of it is released, with the question primed for the voice's language (``copy_retry``);
+* an answer about to become a word-for-word copy of an earlier answer of the session: only the word that would
+  complete the copy is held, and when it does, the answer is **forked** where it would end (``RepeatGuard.fork``):
+  the engine continues it from the words already passed on with that word's token banned (``logit_bias``), so
+  "The opposite of loud is soft." a second time becomes "The opposite of loud is quiet." -- steered at its end,
+  not held from its start, and with one short continuation request (the slot's KV already holds the prompt
+  and the answer so far) instead of a whole second answer. An engine that cannot continue an answer (a generic
+  OpenAI-compatible upstream: its API has no assistant prefix) gets ``hold_copies``: the answer is held while it
+  still matches an earlier one and, once it completes the copy, asked again sampled (``copy_retry``).
 """
 
 from __future__ import annotations
@@ -84,26 +94,39 @@ LANGUAGE_WORDS = 4  # words an answer's language may stay unknown before it is l
 
 class RepeatGuard:
     """Fed an answer's raw streamed text: ``feed(delta) -> (text to pass on, stop?)``; ``finish()`` -> the text
-    still held (a copy that did not complete). ``n``: the word n-gram that may not come twice (0: off);
-    ``copies``: earlier answers (word lists) the answer may not reproduce."""
+    still held. ``n``: the word n-gram that may not come twice (0: off); ``copies``: earlier answers (word lists)
+    the answer may not reproduce; ``languages``: the voice's (an answer that starts in another is stopped);
+    ``hold_copies``: hold while the answer matches an earlier one (for an engine that cannot fork an answer).
 
-    def __init__(self, n: int = 0, copies: list[list[str]] | None = None, languages: tuple[str, ...] = ()) -> None:
+    Text is passed on up to the word still being written, each word once it is complete and judged. ``reason``
+    once stopped: "loop", "language" or "copy" (then ``fork()`` says where to continue and which word to ban)."""
+
+    def __init__(self, n: int = 0, copies: list[list[str]] | None = None, languages: tuple[str, ...] = (),
+                 hold_copies: bool = False) -> None:
         self.n = n
         self.languages = tuple(languages)
-        self.language_open = bool(self.languages)  # the answer's first words are not yet known to be in one of them
+        self.hold_copies = hold_copies
         self.copies = [c for c in (copies or []) if c]
+        self._reset()
+
+    def _reset(self) -> None:
+        self.language_open = bool(self.languages)  # the answer's first words are not yet known to be in one of them
         self.grams: Counter = Counter()
         self.words: list[str] = []
         self.text = ""  # everything fed
         self.passed = 0  # chars of ``text`` passed on
-        self.reason: str | None = None  # "loop" | "copy" once stopped
+        self.reason: str | None = None  # "loop" | "copy" | "language" once stopped
         self._scanned = 0  # chars of ``text`` whose complete words are counted
+        self._word_at = 0  # where the last complete word starts in ``text``
+
+    def _partial(self) -> str:
+        tail = _WORD.findall(self.text[self._scanned :])
+        return tail[0].lower() if tail else ""
 
     def _matching_copy(self) -> bool:
-        """The answer so far (its words, and the start of the word being written) begins an earlier answer."""
-        w = self.words
-        tail = _WORD.findall(self.text[self._scanned :])
-        part = tail[0].lower() if tail else ""
+        """``hold_copies``: the answer so far (its words, and the start of the word being written) begins an
+        earlier answer."""
+        w, part = self.words, self._partial()
         return any(len(c) > len(w) and c[: len(w)] == w and c[len(w)].startswith(part) for c in self.copies) or any(
             c == w and not part for c in self.copies)
 
@@ -111,45 +134,43 @@ class RepeatGuard:
         if self.reason is not None:
             return "", True
         self.text += delta
+        writing = len(self.text)  # where the word still being written starts (none: the text's end)
         # complete words only: a word is complete once a non-word character follows it
         for m in _WORD.finditer(self.text, self._scanned):
             if m.end() == len(self.text):
+                writing = m.start()
                 break
-            self._scanned = m.end()
+            self._scanned, self._word_at = m.end(), m.start()
             self.words.append(m.group(0).lower().replace("\u2019", "'"))
             if self.n and len(self.words) >= self.n:
                 gram = tuple(self.words[-self.n :])
                 self.grams[gram] += 1
                 if self.grams[gram] >= 2:
                     return self._stop("loop", m.start())
-            if self.copies and any(len(c) == len(self.words) and c == self.words for c in self.copies):
-                return self._stop("copy", self.passed)
-        if self.language_open:
-            verdict = self._language()
-            if verdict == "off":
-                return self._stop("language", self.passed)
-            if verdict == "open":
-                return "", False  # held: a few words more say which language this is
-        if self.copies and self._matching_copy():
+            if self.copies and any(c == self.words for c in self.copies):
+                return self._stop("copy", self.passed if self.hold_copies else m.start())
+            if self.language_open and self._language() == "off":
+                return self._stop("language", m.start())
+        if self.hold_copies and self.copies and self._matching_copy():
             return "", False  # may still become a copy: held
-        out, self.passed = self.text[self.passed :], len(self.text)
+        # the word being written waits until it is complete: the answer policy releases no unfinished word
+        # either, so this holds nothing back from the listener
+        end = max(self.passed, writing)
+        out, self.passed = self.text[self.passed : end], end
         return out, False
 
     def _language(self) -> str:
-        """"ok" once the first words are in an allowed language (an English answer's first function word: "The",
-        "I", "You", ... so nearly always at once) or after ``LANGUAGE_WORDS`` words with no verdict; "off" when
-        they are another language's ("Eu nao Ana, amigo"); "open" until then.
+        """"ok" once the complete words are in an allowed language (an English answer's first function word:
+        "The", "I", "You", ...) or after ``LANGUAGE_WORDS`` words with no verdict; "off" when they are another
+        language's ("Eu nao Ana, amigo"); "open" until then. Nothing is held for it: a word is judged when it is
+        complete, the moment the answer policy would release it, so an answer caught in its first word is asked
+        again before any of it is heard (``copy_retry``).
 
-        Why hold at all: SmolLM2-135M answered "Hi! My name is Ana and I live in Lisbon." in Portuguese, and every
-        later answer copied that style; caught in its first words, the answer is asked again (``copy_retry``)
-        before anything of it is spoken."""
+        Why at all: SmolLM2-135M answered "Hi! My name is Ana and I live in Lisbon." in Portuguese, and every
+        later answer copied that style."""
         from omni_rt.engine.prompt.language import guess_language
 
-        # the word being written counts too: "The" is English before the next token says it is a whole word, so
-        # an answer in the voice's language is passed on at its first token, not held for a second one
-        tail = _WORD.findall(self.text[self._scanned :])
-        seen = " ".join(self.words + tail[:1])
-        guess = guess_language(seen) if seen else None
+        guess = guess_language(" ".join(self.words))
         if guess is not None and guess not in self.languages:
             return "off"
         if guess is not None or len(self.words) >= LANGUAGE_WORDS:
@@ -160,18 +181,39 @@ class RepeatGuard:
     def _stop(self, reason: str, end: int) -> tuple[str, bool]:
         self.reason = reason
         out = self.text[self.passed : max(self.passed, end)]
-        self.passed = len(self.text)
+        self.passed = max(self.passed, end)
         return out, True
 
+    def fork(self) -> tuple[str, str]:
+        """After a "copy" or "language" stop: (the answer's text passed on, to continue from; the word that was
+        not passed on -- the copy's last word, the other language's word -- to ban there). The guard then goes on
+        from that text, its counts intact."""
+        said, word = self.text[: self.passed], self.text[self.passed :]
+        m = _WORD.search(word)
+        banned = m.group(0) if m else word.strip()
+        self._resume(said)
+        return said, banned
+
+    def _resume(self, said: str) -> None:
+        language_open = self.language_open
+        self._reset()
+        self.language_open = language_open
+        self.feed(said)
+        self.passed = len(self.text)
+
     def finish(self) -> str:
-        """The end of the stream: a held text that is a whole earlier answer is dropped, else released."""
+        """The end of the stream: the word still held is released, unless it completes an earlier answer ("copy":
+        ``fork()`` then continues before it)."""
         if self.reason is not None:
             return ""
         for m in _WORD.finditer(self.text, self._scanned):
             self.words.append(m.group(0).lower())
+            self._word_at = m.start()
         self._scanned = len(self.text)
         if self.copies and any(c == self.words for c in self.copies):
             self.reason = "copy"
+            if not self.hold_copies:
+                self.passed = max(self.passed, self._word_at)  # the copy's last word is what was held
             return ""
         out, self.passed = self.text[self.passed :], len(self.text)
         return out

@@ -30,6 +30,8 @@ from omni_rt.engine.prompt.repetition import RepeatGuard, as_said, copy_retry, e
 
 # request ids of prefill hints (``_prefill_hinted``): an engine tells a hint from an answer by it
 HINT_PREFIX = "hint:"
+# how many times one answer may be forked away from a copy of an earlier one (``RepeatGuard.fork``)
+MAX_FORKS = 3
 
 
 @dataclass(slots=True)
@@ -104,12 +106,20 @@ class AsyncStreamScheduler(ThreadedScheduler):
         # the session token budget, once the upstream's context is known (set by a subclass, or not at all)
         self.history: HistoryWindow | None = None
         self.prompt_ids: dict[str, list[int]] = {}  # request id -> its fitted prompt, until generate() starts
+        self.forks = 0  # answers continued away from a copy of an earlier answer (``fork_request``)
 
     def close_session(self, session_id: str) -> None:
         if self.history is not None:
             self.history.forget(session_id)
 
     warms_prompts = False  # a subclass that can prefill a session's prompt ahead (``warm_prompt``) sets this
+    forks_answers = False  # a subclass that can continue an answer from its text with a token banned (``fork_request``)
+
+    def fork_request(self, rid: str, req: GenRequest, prompt: list[int] | None, said: str, banned: list[str],
+                     used_tokens: int) -> GenRequest | None:  # pragma: no cover - only if forks_answers
+        """The rest of answer ``rid`` after ``said`` (its text so far), with the first token of each of ``banned``
+        (words) not allowed; ``prompt``: its fitted prompt ids. None: it cannot be continued."""
+        return None
 
     def prefill_hint(self, session_id: str, payload: Any) -> None:
         """Queue the hint behind the requests already in the inbox (the loop fits it as a request's prompt)."""
@@ -117,7 +127,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
             self.inbox.put(IncomingMessage(session_id, "prefill_hint", payload))
 
     def cache_state(self) -> dict[str, Any]:
-        return {"history": self.history.state()} if self.history is not None else {}
+        return {**({"history": self.history.state()} if self.history is not None else {}), "copy_forks": self.forks}
 
     def live_state(self) -> int:
         return len(self._tasks)
@@ -229,14 +239,19 @@ class AsyncStreamScheduler(ThreadedScheduler):
             return stopped
 
         # loops and copies (omni_rt.engine.prompt.repetition): an n-gram the upstream cannot ban, an earlier answer of
-        # the session reproduced; spoken text only (a tool call's JSON repeats its keys by design)
+        # the session reproduced, an answer that starts in another language; spoken text only (a tool call's JSON
+        # repeats its keys by design). Nothing is held for them but the word being written, which the answer policy
+        # holds anyway; a copy or a foreign word is forked away (fork_request) where the engine can continue an answer
         guarded = req.output == "text" and texts is None
         copies = earlier_answers(whole) if guarded else []
-        guard = RepeatGuard(req.sampling.no_repeat_ngram_size if guarded else 0, copies, self.languages if guarded else ())
+        guard = RepeatGuard(req.sampling.no_repeat_ngram_size if guarded else 0, copies,
+                            self.languages if guarded else (), hold_copies=not self.forks_answers)
+        prompt = self.prompt_ids.get(rid)  # the fitted prompt: a forked answer continues it
+        leg, retried, bans, strip = req, False, [], False
         try:
-            for attempt in range(2):
+            for _ in range(2 + MAX_FORKS):  # the answer, one retry, its forks: bounded
                 # aclosing: leaving the loop early (the policy stopped) closes the upstream stream at once
-                async with aclosing(self.generate(rid, req)) as stream:
+                async with aclosing(self.generate(rid, leg)) as stream:
                     async for d in stream:
                         if d.timings and upstream_timings is None:
                             upstream_timings = d.timings
@@ -246,7 +261,9 @@ class AsyncStreamScheduler(ThreadedScheduler):
                             ids.extend(d.token_ids)
                             out = calls.feed(d.tool_calls, list(d.token_ids)) if d.tool_calls else []
                             tok_ids = [] if d.tool_calls else list(d.token_ids)
-                            said, repeated = guard.feed(d.text) if guarded else (d.text, False)
+                            fed = d.text.lstrip() if strip else d.text  # a fork's first space: the text had it
+                            strip = strip and not fed
+                            said, repeated = guard.feed(fed) if guarded else (fed, False)
                             if texts is not None:  # tool calls never reach "text" (the talker speaks it)
                                 out += texts.chunks(d.text, tok_ids, final=False)
                             elif said or tok_ids:
@@ -265,15 +282,37 @@ class AsyncStreamScheduler(ThreadedScheduler):
                     held = guard.finish()
                     if held:
                         publish([TextDelta(held, [])])
-                retry = copy_retry(req, guard, attempt, "".join(text))
+                if finish == "policy" or not guarded or guard.reason is None:
+                    break
+                spoken = "".join(text).strip()
+                if self.forks_answers and (guard.reason == "copy" or (guard.reason == "language" and spoken)):
+                    # a copy's last word, or a word of another language once the answer is being spoken: the answer
+                    # goes on from the text before it with that word banned (an answer not yet spoken is asked again)
+                    held, reason = guard.text[guard.passed :], guard.reason
+                    head, word = guard.fork()
+                    bans.append(word)
+                    fork = self.fork_request(rid, req, prompt, head, bans, chunks) if len(bans) <= MAX_FORKS else None
+                    if fork is None:  # no fork (the budget is spent): a copy's last word after all, a cut otherwise
+                        if reason == "copy":
+                            publish([TextDelta(held, [])])
+                            finish = finish if finish != "repeat" else "stop"
+                        else:
+                            finish = "repeat"
+                        break
+                    self.forks += 1
+                    leg, finish, strip = fork, None, head[-1:].isspace()
+                    continue
+                retry = None if retried else copy_retry(req, guard, 0, "".join(text))
                 if retry is None:
                     if guard.reason == "copy" and not "".join(text).strip():  # asked again, the same answer again:
                         publish([TextDelta(as_said(guard.text), [])])  # said as a repeat, not silence
                         finish = "stop"
                     break
-                # the second answer is not held for its language: one in the wrong language beats silence (and an
-                # empty turn in the history is copied by the next answers)
-                req, guard, finish = retry, RepeatGuard(guard.n, copies), None
+                # nothing of it was released: the retry starts from a clean policy; it is not held for its language
+                # (one in the wrong language beats silence, and an empty turn in the history is copied by later ones)
+                policy = AnswerPolicy(req.answer_policy) if policy is not None else None
+                stopped, retried = False, True
+                leg, guard, finish = retry, RepeatGuard(guard.n, copies, hold_copies=guard.hold_copies), None
             # the upstream finished (with or without a finish_reason): close what is open, release held text
             publish(calls.finish() + (texts.chunks("", [], final=True) if texts is not None else []))
         except asyncio.CancelledError:

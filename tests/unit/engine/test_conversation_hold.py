@@ -75,28 +75,67 @@ def test_guard_stops_a_loop_before_a_4gram_comes_twice():
     assert _max_4gram("".join(out)) < 2, out
 
 
-def test_guard_holds_a_copy_of_an_earlier_answer_and_drops_it():
+def _released(guard: RepeatGuard | None, deltas: list[str]) -> list[str]:
+    """What the answer policy releases (what the talker gets) after each of ``deltas``, passed through ``guard``
+    first (None: no guard), until either stops."""
+    from omni_rt.engine.prompt.answer_policy import AnswerPolicy
+    from omni_rt.engine.prompt.request import parse_answer_policy
+
+    policy = AnswerPolicy(parse_answer_policy({"max_sentences": 2, "max_words": 35}))
+    out = []
+    for d in deltas:
+        passed, stop = guard.feed(d) if guard is not None else (d, False)
+        released, done = policy.feed(passed)
+        out.append(released)
+        if stop or done:
+            break
+    return out
+
+
+def test_guard_forks_a_copy_at_its_last_word_and_holds_nothing_back():
     earlier = earlier_answers([{"role": "user", "content": "Opposite of loud?"},
                                {"role": "assistant", "content": "The opposite of loud is soft."}])
+    deltas = ["The", " opposite", " of", " loud", " is", " soft", "."]
+    # every word before the copy's last one reaches the talker exactly when it would with no guard at all
+    assert _released(RepeatGuard(4, earlier), deltas)[:6] == _released(None, deltas)[:6]
     g = RepeatGuard(4, earlier)
-    released = "".join(g.feed(d)[0] for d in ["The", " opposite", " of", " loud", " is", " soft", "."]) + g.finish()
-    assert released == "" and g.reason == "copy"
-    # diverging from it releases everything at once
+    assert "".join(g.feed(d)[0] for d in deltas) == "The opposite of loud is " and g.reason == "copy"
+    said, banned = g.fork()
+    assert (said, banned) == ("The opposite of loud is ", "soft")
+    # the fork goes on from there: a different last word is let through, and the guard's counts are intact
+    assert g.reason is None and "".join(g.feed(d)[0] for d in ["quiet", "."]) + g.finish() == "quiet."
+    # a copy that ends the stream without a full stop is caught at its last word too
+    g = RepeatGuard(4, earlier)
+    assert "".join(g.feed(d)[0] for d in deltas[:6]) + g.finish() == "The opposite of loud is " and g.reason == "copy"
+    # diverging from it passes everything on
     g = RepeatGuard(4, earlier)
     released = "".join(g.feed(d)[0] for d in ["The", " opposite", " of", " hot", " is", " cold", "."]) + g.finish()
     assert released == "The opposite of hot is cold." and g.reason is None
+
+
+def test_an_engine_that_cannot_fork_holds_a_copy_and_drops_it():
+    earlier = earlier_answers([{"role": "user", "content": "Opposite of loud?"},
+                               {"role": "assistant", "content": "The opposite of loud is soft."}])
+    g = RepeatGuard(4, earlier, hold_copies=True)
+    released = "".join(g.feed(d)[0] for d in ["The", " opposite", " of", " loud", " is", " soft", "."]) + g.finish()
+    assert released == "" and g.reason == "copy"
     retry = copy_retry(GenRequest(None, [{"role": "user", "content": "x"}], 10), RepeatGuard(0), 0, "")
     assert retry is None  # nothing stopped: no retry
 
 
 def test_guard_catches_an_answer_in_another_language_before_it_is_spoken():
     g = RepeatGuard(4, [], ("en",))
-    assert g.feed("Eu")[0] == "" and g.feed(" nao")[1] and g.reason == "language"
+    assert _released(g, ["Eu", " nao", " Ana", ","]) == ["", ""] and g.reason == "language"
     req = GenRequest(None, [{"role": "user", "content": "Hi! My name is Ana and I live in Lisbon."}], 10)
     retry = copy_retry(req, g, 0, "")
     assert retry.messages[-1]["content"].endswith("\nEnglish answer:")
+    # once the answer is being spoken, a word of another language is not passed on: the answer forks before it
     g = RepeatGuard(4, [], ("en",))
-    assert g.feed("The ")[0] == "The "  # an English first word is let through at once (no latency)
+    assert "".join(g.feed(d)[0] for d in ["Lisbon", ",", " also", " known", " como", " a"]) == "Lisbon, also known "
+    assert g.reason == "language" and g.fork() == ("Lisbon, also known ", "como")
+    # nothing held: an English answer, or one whose first words say no language, reaches the talker as with no guard
+    for first in (["The", " capital", " of"], ["Plants", " make", " their"], ["William", " Shakespeare", " wrote"]):
+        assert _released(RepeatGuard(4, [], ("en",)), first) == _released(None, first)
 
 
 def test_a_question_about_the_user_carries_their_earlier_facts_and_keeps_the_prefix():
@@ -108,6 +147,9 @@ def test_a_question_about_the_user_carries_their_earlier_facts_and_keeps_the_pre
             {"role": "user", "content": "What is my name?"}]
     out = recall_hints(chat, 64, lambda t: len(t) // 4)
     assert out[-1]["content"] == 'Earlier I said: "Hi! My name is Ana and I live in Lisbon."\nWhat is my name?'
+    # the words heard so far (a prefill hint's) get the same hint: the prompt it warms is the question's prefix
+    heard = recall_hints(chat[:-1] + [{"role": "user", "content": "What is my name"}], 64, lambda t: len(t) // 4)
+    assert out[-1]["content"].startswith(heard[-1]["content"])
     assert out[:-1] == chat[:-1]  # questions not about the user, and statements, are left as they are
     # a later turn renders every earlier message the same way: the cached prefix still matches
     later = recall_hints(chat + [{"role": "assistant", "content": "Ana."}, {"role": "user", "content": "Thanks!"}], 64,
