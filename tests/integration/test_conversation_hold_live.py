@@ -85,6 +85,8 @@ def test_llama_cpp_thinker_applies_every_control():
         _, body = s.request(parse_request({"messages": [SYSTEM]}, 32, PRESET_SAMPLING))
         assert body["repeat_penalty"] == 1.2 and body["repeat_last_n"] > 0
         _check_controls(s)
+        # the copy was forked at its last word (a continuation in the same slot), not held and asked again
+        assert s.cache_state()["copy_forks"] >= 1
     finally:
         s.stop()
 
