@@ -376,11 +376,13 @@ class LlamaCppThinker(RemoteThinker):
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
         said_ids = encode(head)
-        bans = []
-        for word in banned:
+        bans: list[int] = []
+        # each word as the answer would go on with it, lower case or capitalised (the earlier answers' words are
+        # known in lower case)
+        for word in sorted({v for w in banned for v in (w, w.lower(), w[:1].upper() + w[1:])}):
             with_word = encode(f"{head} {word}" if head else word)
             k = next((i for i, (a, b) in enumerate(zip(said_ids, with_word)) if a != b), len(said_ids))
-            if k < len(with_word):
+            if k < len(with_word) and with_word[k] not in bans:
                 bans.append(with_word[k])
         if not bans:
             return None

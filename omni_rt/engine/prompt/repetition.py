@@ -184,14 +184,22 @@ class RepeatGuard:
         self.passed = max(self.passed, end)
         return out, True
 
-    def fork(self) -> tuple[str, str]:
-        """After a "copy" or "language" stop: (the answer's text passed on, to continue from; the word that was
-        not passed on -- the copy's last word, the other language's word -- to ban there). The guard then goes on
-        from that text, its counts intact."""
-        said, word = self.text[: self.passed], self.text[self.passed :]
-        m = _WORD.search(word)
-        banned = m.group(0) if m else word.strip()
+    def fork(self, back: int = 0) -> tuple[str, list[str]]:
+        """After a "copy" or "language" stop: (the answer's text to continue from; the words to ban there). That
+        text is the text passed on less its last ``back`` characters (what the answer policy still held and
+        dropped: ``AnswerPolicy.retract``); the words are the one that came after it (with ``back`` 0 the one not
+        passed on: the copy's last word, the other language's word) and the next word of every earlier answer
+        that begins with that text, so the continuation cannot turn into another earlier answer either. The
+        guard then goes on from that text, its counts intact."""
+        cut = max(0, self.passed - back)
+        said, rest = self.text[:cut], self.text[cut:]
+        m = _WORD.search(rest)
         self._resume(said)
+        k = len(self.words)
+        banned = [m.group(0)] if m else []
+        for c in self.copies:
+            if len(c) > k and c[:k] == self.words and c[k] not in (b.lower() for b in banned):
+                banned.append(c[k])
         return said, banned
 
     def _resume(self, said: str) -> None:

@@ -247,7 +247,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
         guard = RepeatGuard(req.sampling.no_repeat_ngram_size if guarded else 0, copies,
                             self.languages if guarded else (), hold_copies=not self.forks_answers)
         prompt = self.prompt_ids.get(rid)  # the fitted prompt: a forked answer continues it
-        leg, retried, bans, strip = req, False, [], False
+        leg, retried, bans, strip, forks = req, False, [], False, 0
         try:
             for _ in range(2 + MAX_FORKS):  # the answer, one retry, its forks: bounded
                 # aclosing: leaving the loop early (the policy stopped) closes the upstream stream at once
@@ -288,16 +288,13 @@ class AsyncStreamScheduler(ThreadedScheduler):
                 if self.forks_answers and (guard.reason == "copy" or (guard.reason == "language" and spoken)):
                     # a copy's last word, or a word of another language once the answer is being spoken: the answer
                     # goes on from the text before it with that word banned (an answer not yet spoken is asked again)
-                    held, reason = guard.text[guard.passed :], guard.reason
-                    head, word = guard.fork()
-                    bans.append(word)
-                    fork = self.fork_request(rid, req, prompt, head, bans, chunks) if len(bans) <= MAX_FORKS else None
-                    if fork is None:  # no fork (the budget is spent): a copy's last word after all, a cut otherwise
-                        if reason == "copy":
-                            publish([TextDelta(held, [])])
-                            finish = finish if finish != "repeat" else "stop"
-                        else:
-                            finish = "repeat"
+                    # from the start of what the listener has not got yet: a later sentence the policy still holds
+                    head, words = guard.fork(policy.retract() if policy is not None else 0)
+                    bans += [w for w in words if w not in bans]
+                    forks += 1
+                    fork = self.fork_request(rid, req, prompt, head, bans, chunks) if forks <= MAX_FORKS else None
+                    if fork is None:  # cannot fork (or the budget is spent): cut where the listener has it
+                        finish = "repeat"
                         break
                     self.forks += 1
                     leg, finish, strip = fork, None, head[-1:].isspace()
@@ -312,6 +309,10 @@ class AsyncStreamScheduler(ThreadedScheduler):
                 # (one in the wrong language beats silence, and an empty turn in the history is copied by later ones)
                 policy = AnswerPolicy(req.answer_policy) if policy is not None else None
                 stopped, retried = False, True
+                if prompt is not None and retry.messages is not None and self.tokenizer is not None:
+                    # its prompt ids: the slot picker keeps it in the slot whose KV holds all but its last words
+                    primed = render_prompt(self.tokenizer, retry.messages, retry.tools, retry.tool_choice)
+                    self.prompt_ids[rid] = list(self.tokenizer(primed, add_special_tokens=False)["input_ids"])
                 leg, guard, finish = retry, RepeatGuard(guard.n, copies, hold_copies=guard.hold_copies), None
             # the upstream finished (with or without a finish_reason): close what is open, release held text
             publish(calls.finish() + (texts.chunks("", [], final=True) if texts is not None else []))

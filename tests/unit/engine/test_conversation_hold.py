@@ -101,7 +101,7 @@ def test_guard_forks_a_copy_at_its_last_word_and_holds_nothing_back():
     g = RepeatGuard(4, earlier)
     assert "".join(g.feed(d)[0] for d in deltas) == "The opposite of loud is " and g.reason == "copy"
     said, banned = g.fork()
-    assert (said, banned) == ("The opposite of loud is ", "soft")
+    assert (said, banned) == ("The opposite of loud is ", ["soft"])
     # the fork goes on from there: a different last word is let through, and the guard's counts are intact
     assert g.reason is None and "".join(g.feed(d)[0] for d in ["quiet", "."]) + g.finish() == "quiet."
     # a copy that ends the stream without a full stop is caught at its last word too
@@ -111,6 +111,27 @@ def test_guard_forks_a_copy_at_its_last_word_and_holds_nothing_back():
     g = RepeatGuard(4, earlier)
     released = "".join(g.feed(d)[0] for d in ["The", " opposite", " of", " hot", " is", " cold", "."]) + g.finish()
     assert released == "The opposite of hot is cold." and g.reason is None
+
+
+def test_a_copy_is_forked_where_the_listener_has_not_heard_it_yet():
+    """A later sentence the answer policy still holds is dropped and the fork bans its first word: the change
+    comes as early as it can without retracting a word that was released."""
+    from omni_rt.engine.prompt.answer_policy import AnswerPolicy
+    from omni_rt.engine.prompt.request import parse_answer_policy
+
+    earlier = earlier_answers([{"role": "assistant", "content": "Aloha! I'm glad you're here."},
+                               {"role": "assistant", "content": "Aloha! You are on the Internet."}])
+    g, policy = RepeatGuard(4, earlier), AnswerPolicy(parse_answer_policy({"max_sentences": 2, "max_words": 35}))
+    released = ""
+    for d in ["Al", "oha", "!", " I", "'m", " glad", " you", "'re", " here", "."]:
+        passed, stop = g.feed(d)
+        released += policy.feed(passed)[0]
+        if stop:
+            break
+    assert g.reason == "copy" and released == "Aloha!"
+    # ... and the next word of every earlier answer that starts the same way is banned there too
+    assert g.fork(policy.retract()) == ("Aloha!", ["I'm", "you"])
+    assert policy.finish("stop") == "" and g.text == "Aloha!"  # nothing of the dropped sentence is left to say
 
 
 def test_an_engine_that_cannot_fork_holds_a_copy_and_drops_it():
@@ -132,7 +153,7 @@ def test_guard_catches_an_answer_in_another_language_before_it_is_spoken():
     # once the answer is being spoken, a word of another language is not passed on: the answer forks before it
     g = RepeatGuard(4, [], ("en",))
     assert "".join(g.feed(d)[0] for d in ["Lisbon", ",", " also", " known", " como", " a"]) == "Lisbon, also known "
-    assert g.reason == "language" and g.fork() == ("Lisbon, also known ", "como")
+    assert g.reason == "language" and g.fork() == ("Lisbon, also known ", ["como"])
     # nothing held: an English answer, or one whose first words say no language, reaches the talker as with no guard
     for first in (["The", " capital", " of"], ["Plants", " make", " their"], ["William", " Shakespeare", " wrote"]):
         assert _released(RepeatGuard(4, [], ("en",)), first) == _released(None, first)
