@@ -90,6 +90,7 @@ def earlier_answers(messages: Iterable[dict[str, Any]] | None) -> list[list[str]
 
 
 LANGUAGE_WORDS = 4  # words an answer's language may stay unknown before it is let through
+_ENDS = ".!?\u2026\n"  # what ends an answer's sentence (after its last word)
 
 
 class RepeatGuard:
@@ -118,6 +119,7 @@ class RepeatGuard:
         self.reason: str | None = None  # "loop" | "copy" | "language" once stopped
         self._scanned = 0  # chars of ``text`` whose complete words are counted
         self._word_at = 0  # where the last complete word starts in ``text``
+        self._copy_at: int | None = None  # where the word that made the answer's words an earlier answer's starts
 
     def _partial(self) -> str:
         tail = _WORD.findall(self.text[self._scanned :])
@@ -130,10 +132,25 @@ class RepeatGuard:
         return any(len(c) > len(w) and c[: len(w)] == w and c[len(w)].startswith(part) for c in self.copies) or any(
             c == w and not part for c in self.copies)
 
+    def _ends_here(self) -> bool | None:
+        """With the answer's words those of an earlier answer: True when the answer ends there too (a sentence
+        end follows its last word), False when it goes on (another word, a comma...), None while only whitespace
+        has followed. Why not stop at the words alone: an earlier answer that was cut ("... is not a credit .")
+        would then stop every later answer that says more ("... is not a credit card.")."""
+        after = self.text[self._scanned :].lstrip()
+        return None if not after else after[0] in _ENDS
+
     def feed(self, delta: str) -> tuple[str, bool]:
         if self.reason is not None:
             return "", True
         self.text += delta
+        if self._copy_at is not None:  # the words are an earlier answer's: does the answer end there?
+            ends = self._ends_here()
+            if ends:
+                return self._stop("copy", self.passed if self.hold_copies else self._copy_at)
+            if ends is None:
+                return "", False
+            self._copy_at = None
         writing = len(self.text)  # where the word still being written starts (none: the text's end)
         # complete words only: a word is complete once a non-word character follows it
         for m in _WORD.finditer(self.text, self._scanned):
@@ -147,10 +164,15 @@ class RepeatGuard:
                 self.grams[gram] += 1
                 if self.grams[gram] >= 2:
                     return self._stop("loop", m.start())
-            if self.copies and any(c == self.words for c in self.copies):
-                return self._stop("copy", self.passed if self.hold_copies else m.start())
             if self.language_open and self._language() == "off":
                 return self._stop("language", m.start())
+            if self.copies and any(c == self.words for c in self.copies):
+                ends = self._ends_here()
+                if ends:
+                    return self._stop("copy", self.passed if self.hold_copies else m.start())
+                if ends is None:
+                    self._copy_at = writing = m.start()  # held until the answer ends or goes on
+                    break
         if self.hold_copies and self.copies and self._matching_copy():
             return "", False  # may still become a copy: held
         # the word being written waits until it is complete: the answer policy releases no unfinished word
@@ -218,7 +240,7 @@ class RepeatGuard:
             self.words.append(m.group(0).lower())
             self._word_at = m.start()
         self._scanned = len(self.text)
-        if self.copies and any(c == self.words for c in self.copies):
+        if self._copy_at is not None or (self.copies and any(c == self.words for c in self.copies)):
             self.reason = "copy"
             if not self.hold_copies:
                 self.passed = max(self.passed, self._word_at)  # the copy's last word is what was held

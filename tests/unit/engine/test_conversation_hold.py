@@ -111,6 +111,15 @@ def test_guard_forks_a_copy_at_its_last_word_and_holds_nothing_back():
     g = RepeatGuard(4, earlier)
     released = "".join(g.feed(d)[0] for d in ["The", " opposite", " of", " hot", " is", " cold", "."]) + g.finish()
     assert released == "The opposite of hot is cold." and g.reason is None
+    # an answer that says an earlier (cut) answer's words and goes on is no copy: "... not a credit ." then
+    # "... not a credit card." (the last word is held only until the answer shows it goes on)
+    cut = earlier_answers([{"role": "assistant", "content": "Your order number is not a credit ."}])
+    g = RepeatGuard(4, cut)
+    deltas = ["Your", " order", " number", " is", " not", " a", " credit", " card", "."]
+    assert "".join(g.feed(d)[0] for d in deltas) + g.finish() == "Your order number is not a credit card."
+    assert g.reason is None
+    g = RepeatGuard(4, cut)
+    assert "".join(g.feed(d)[0] for d in deltas[:7] + [" ", "."]) == "Your order number is not a " and g.reason == "copy"
 
 
 def test_a_copy_is_forked_where_the_listener_has_not_heard_it_yet():
