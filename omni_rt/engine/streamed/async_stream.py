@@ -337,6 +337,8 @@ class AsyncStreamScheduler(ThreadedScheduler):
             if tail:
                 text.append(tail)
                 self.emit(rid, "stream", TextDelta(tail, []))
+        if forks:  # one answer over several requests: its prompt is the first's, its tokens are all of them
+            usage = {**usage_from_timings(upstream_timings), "completion_tokens": chunks}
         usage = usage or usage_from_timings(upstream_timings)
         prompt_tokens = usage.get("prompt_tokens") or self._count_prompt(req)
         timing = first_token_timing(arrived, first, upstream_timings) if first is not None else None
