@@ -124,6 +124,7 @@ class LlamaCppThinker(RemoteThinker):
         # /debug/state: hints taken and the prompt tokens they prefilled off the critical path; skipped ones
         self.hinting = {"hints": 0, "prefilled_tokens": 0, "cancelled": 0, "skipped_busy_slot": 0, "skipped_busy_server": 0}
         self.logit_bias = language_logit_bias(self.tokenizer, self.languages)
+        self._bans: dict[str, list[int]] = {}  # a forked answer -> the tokens its continuation may not say
 
     @property  # type: ignore[override]
     def base_url(self) -> str:  # follows the server if a restart had to move it to another port
@@ -159,8 +160,9 @@ class LlamaCppThinker(RemoteThinker):
 
     def request(self, req: GenRequest, request_id: str | None = None) -> tuple[str, dict[str, Any]]:
         path, body = self._request(req)
-        if self.logit_bias:
-            body["logit_bias"] = self.logit_bias
+        bias = self.logit_bias + [[t, False] for t in self._bans.get(request_id or "", ())]
+        if bias:
+            body["logit_bias"] = bias
         if request_id in self._slot_of:
             body["id_slot"] = self._slot_of[request_id][0]
         # its prefill/decode times on every chunk (~150 bytes each): the first token's split of
@@ -354,6 +356,41 @@ class LlamaCppThinker(RemoteThinker):
         said = list(self.tokenizer("".join(pace.text), add_special_tokens=False)["input_ids"])
         return dataclasses.replace(req, messages=None, prompt_ids=[*prompt, *said], max_tokens=left, tools=None)
 
+    forks_answers = True
+
+    def fork_request(self, rid: str, req: GenRequest, prompt: list[int] | None, said: str, banned: list[str],
+                     used_tokens: int) -> GenRequest | None:
+        """An answer about to copy an earlier one, continued where the copy would end (``RepeatGuard.fork``): a
+        completion of its fitted prompt plus its text so far (the same slot: its KV holds both, so little is
+        prefilled), with the first token of each ``banned`` word after that text banned by ``logit_bias``.
+
+        Why a ban at the end rather than a retry from the start: a retry needs the whole answer held until it is
+        known not to be a copy, which costs first-audio time on every answer that starts like an earlier one;
+        forked, the copy's first words are spoken as they come and only its last word changes."""
+        left = req.max_tokens - used_tokens
+        if self.tokenizer is None or not prompt or left < 1:
+            return None
+        head = said.rstrip()
+
+        def encode(text: str) -> list[int]:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+        said_ids = encode(head)
+        bans: list[int] = []
+        # each word as the answer would go on with it, lower case or capitalised (the earlier answers' words are
+        # known in lower case)
+        for word in sorted({v for w in banned for v in (w, w.lower(), w[:1].upper() + w[1:])}):
+            with_word = encode(f"{head} {word}" if head else word)
+            k = next((i for i, (a, b) in enumerate(zip(said_ids, with_word)) if a != b), len(said_ids))
+            if k < len(with_word) and with_word[k] not in bans:
+                bans.append(with_word[k])
+        if not bans:
+            return None
+        ids = [*prompt, *said_ids]
+        self._bans[rid] = bans
+        self.prompt_ids[rid] = ids  # the slot picker finds the session's slot by it
+        return dataclasses.replace(req, messages=None, prompt_ids=ids, max_tokens=left, tools=None)
+
     def _request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
         if not self._own_tool_prompt(req):
             return super().request(req)
@@ -364,6 +401,10 @@ class LlamaCppThinker(RemoteThinker):
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         body = request_body(dataclasses.replace(req, messages=None, prompt_ids=ids, tools=None), self.model, self.dialect)
         if forced is not None:
+            from omni_rt.engine.prompt.repetition import LLAMA_CPP_PENALTY_KEYS
+
+            for key in LLAMA_CPP_PENALTY_KEYS:  # a call's JSON repeats its keys and the schema's names by design
+                body.pop(key, None)
             body["json_schema"] = forced  # llama-server decodes under the grammar it compiles from this
             # a call's JSON is not a spoken answer: give it room (a cut call is no call at all)
             body["max_tokens"] = max(body["max_tokens"], FORCED_CALL_MAX_TOKENS)
@@ -442,6 +483,7 @@ class LlamaCppThinker(RemoteThinker):
             if short:
                 self.shorts.leave()
             self._slot_of.pop(request_id, None)
+            self._bans.pop(request_id, None)
 
 
 def create_llama_cpp_thinker(

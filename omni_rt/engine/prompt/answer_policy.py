@@ -161,6 +161,17 @@ class AnswerPolicy:
             self._cur_sent = k
         return False
 
+    def retract(self) -> int:
+        """Drop the text fed but not released (the first sentence's unfinished word, or a later sentence held
+        until complete) and return its length: an answer forked away from a copy continues from what was
+        released, so the change comes as early as the listener allows (``omni_rt.engine.prompt.repetition``)."""
+        if self.stopped:
+            return 0
+        dropped = len(self._cur) - self._cur_sent
+        self._cur = self._cur[: self._cur_sent]
+        self._scan = min(self._scan, len(self._cur))
+        return dropped
+
     def finish(self, reason: str) -> str:
         """Generation ended: ``"stop"`` (the model's own end) releases what is held, unless a word limit
         forbids; any other reason (``"length"``, ...) is a cut that ends at the last boundary."""

@@ -24,6 +24,7 @@ whole prompt is tokenised, so a huge item never costs more than a length check. 
 from __future__ import annotations
 
 import logging
+import re
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -119,6 +120,7 @@ class HistoryWindow:
     def fit(self, sid: str | None, messages: list[dict[str, Any]], budget: int,
             render: Render | None = None) -> tuple[list[dict[str, Any]], list[int]]:
         """The kept messages and the token ids of their chat prompt, oldest history dropped to fit ``budget``."""
+        messages = recall_hints(messages, self.pin_tokens(budget), self.count)
         n_sys = 0
         while n_sys < len(messages) - 1 and messages[n_sys].get("role") == "system":
             n_sys += 1
@@ -167,6 +169,10 @@ class HistoryWindow:
             self._remember(sid, keep_from, rest, len(ids), budget)
         return kept, ids
 
+    def pin_tokens(self, room: int) -> int:
+        """The most tokens the user's pinned facts may take: a quarter of the conversation's room (at least 32)."""
+        return max(32, min(room, self.conversation_tokens or room) // 4)
+
     def _remember(self, sid: str, keep_from: int, rest: list[dict[str, Any]], prompt_tokens: int, budget: int) -> None:
         before = self._cut.get(sid)
         self._cut[sid] = (keep_from, _msg_key(rest[keep_from]))
@@ -209,6 +215,56 @@ class HistoryWindow:
                 "conversation_tokens": self.conversation_tokens,
                 "max_item_tokens": self.max_item_tokens, **self.counters,
                 "sessions": {sid: dict(rec) for sid, rec in list(self._trimmed.items())}}
+
+
+# what a user says about themselves or asks to be remembered: "my name is", "I'm a nurse", "I live in", "remember"
+_SELF = re.compile(r"\b(my|i'm|i am|i live|i work|i have|i love|i like|call me|remember)\b", re.IGNORECASE)
+
+
+def user_facts(messages: list[dict[str, Any]], cap: int, count: Callable[[str], int]) -> list[str]:
+    """The earliest user statements about themselves in ``messages`` ("Hi! My name is Ana and I live in Lisbon.";
+    not questions), verbatim, within ``cap`` tokens."""
+    said, used = [], 0
+    for m in messages:
+        text = _content(m).strip()
+        if m.get("role") != "user" or not text or text.endswith("?") or not _SELF.search(text):
+            continue
+        cost = count(text) + 1
+        if used + cost > cap:
+            break
+        said.append(text)
+        used += cost
+    return said
+
+
+# a question about the user themselves: "What is my name?", "Which city do I live in?", "How old am I?" -- told by
+# its words, not by a closing "?": a prefill hint carries the words heard so far ("What is my name"), and it must
+# get the same hint as the final question for the prompt it warms to be that question's prefix
+_ABOUT_ME = re.compile(r"^\W*(?:(?:and|so|now|ok|okay|hey|then),?\s+)?(?:(?:what|which|where|who)\b[^?]*\b(?:my|am i|do i)\b"
+                       r"|how old am i\b)|\bfor me\?", re.IGNORECASE)
+
+
+def recall_hints(messages: list[dict[str, Any]], cap: int, count: Callable[[str], int]) -> list[dict[str, Any]]:
+    """The chat with every user question about the user ("What is my name?", "Which city do I live in?", "How old
+    am I?") led by what they said about themselves before it: 'Earlier I said: "Hi! My name is Ana and I live in
+    Lisbon."' + a line break + the question (``user_facts``, at most ``cap`` tokens).
+
+    Why: ``conversation_tokens`` keeps the last ~4-6 exchanges, so the name and city of the first turn were gone
+    when the user asked for them (issue #50: 0 of 2 recalled in a twelve-turn chat); and put back at the front
+    (a system note, or the first exchange pinned) SmolLM2-135M still did not use them (1 of 11 recall questions
+    answered, five conversations, on llama.cpp), where next to the question it did (7 of 11; of five phrasings
+    tried on the issue's conversation this one recalled both the name and the city). Each question is
+    rewritten from the turns before it only, the same way every time, so the prompt's prefix, and the KV cached
+    for it, is unchanged from turn to turn; the hint counts against the token budget like any text."""
+    out = list(messages)
+    for i, m in enumerate(messages):
+        text = _content(m).strip()
+        if m.get("role") != "user" or not _ABOUT_ME.search(text):
+            continue
+        facts = user_facts(messages[:i], cap, count)
+        if facts:
+            out[i] = {**m, "content": f'Earlier I said: "{" ".join(facts)}"\n{text}'}
+    return out
 
 
 def _content(m: dict[str, Any]) -> str:

@@ -62,7 +62,7 @@ def check_languages(languages: Iterable[str] | None) -> tuple[str, ...]:
 def steering_sentence(languages: tuple[str, ...]) -> str:
     names = [LANGUAGES[c][0] for c in languages]
     said = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
-    return f"Always reply in {said}, even when the user writes in another language."
+    return f"Always reply in {said}, even when the user writes in another language or names foreign places."
 
 
 def steer_messages(messages: list[dict[str, Any]], languages: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -84,6 +84,12 @@ def steer_messages(messages: list[dict[str, Any]], languages: tuple[str, ...]) -
             lang = guess_language(content)
             if lang is not None and lang not in languages:
                 m = {**m, "content": f"Question (not in {name}): {content}\n{name} answer:"}
+        elif (m.get("role") == "assistant" and isinstance(content, str) and not m.get("tool_calls")
+              and (not content.strip() or off_language(content, languages))):
+            # an earlier answer in another language (or an empty one) is left out of the prompt: SmolLM2-135M
+            # answered every later turn in the style of one Portuguese answer, and after one empty answer with
+            # empty ones (issue #50); deterministic, so the prefix still matches
+            continue
         out.append(m)
     if out and out[0].get("role") == "system":
         first = dict(out[0])
@@ -91,6 +97,14 @@ def steer_messages(messages: list[dict[str, Any]], languages: tuple[str, ...]) -
         first["content"] = f"{content.rstrip()} {sentence}" if content.strip() else sentence
         return [first, *out[1:]]
     return [{"role": "system", "content": sentence}, *out]
+
+
+def off_language(text: str, languages: tuple[str, ...]) -> bool:
+    """Whether a sentence of ``text`` (3+ words) looks written in a language not in ``languages``."""
+    import re
+
+    parts = [p for p in re.split(r"(?<=[.!?])\s+|\n+", text) if len(p.split()) >= 3]
+    return any((g := guess_language(p)) is not None and g not in languages for p in parts)
 
 
 def _letter_allowed(c: str, scripts: tuple[str, ...]) -> bool:

@@ -26,9 +26,12 @@ from omni_rt.engine.tools.parser import ToolStream, UpstreamToolCalls
 from omni_rt.engine.tools.preamble import ToolPreamble
 from omni_rt.engine.tools.prompt import detect_format, render_prompt
 from omni_rt.contracts.payloads import TextDelta
+from omni_rt.engine.prompt.repetition import RepeatGuard, as_said, copy_retry, earlier_answers
 
 # request ids of prefill hints (``_prefill_hinted``): an engine tells a hint from an answer by it
 HINT_PREFIX = "hint:"
+# how many times one answer may be forked away from a copy of an earlier one (``RepeatGuard.fork``)
+MAX_FORKS = 3
 
 
 @dataclass(slots=True)
@@ -103,12 +106,20 @@ class AsyncStreamScheduler(ThreadedScheduler):
         # the session token budget, once the upstream's context is known (set by a subclass, or not at all)
         self.history: HistoryWindow | None = None
         self.prompt_ids: dict[str, list[int]] = {}  # request id -> its fitted prompt, until generate() starts
+        self.forks = 0  # answers continued away from a copy of an earlier answer (``fork_request``)
 
     def close_session(self, session_id: str) -> None:
         if self.history is not None:
             self.history.forget(session_id)
 
     warms_prompts = False  # a subclass that can prefill a session's prompt ahead (``warm_prompt``) sets this
+    forks_answers = False  # a subclass that can continue an answer from its text with a token banned (``fork_request``)
+
+    def fork_request(self, rid: str, req: GenRequest, prompt: list[int] | None, said: str, banned: list[str],
+                     used_tokens: int) -> GenRequest | None:  # pragma: no cover - only if forks_answers
+        """The rest of answer ``rid`` after ``said`` (its text so far), with the first token of each of ``banned``
+        (words) not allowed; ``prompt``: its fitted prompt ids. None: it cannot be continued."""
+        return None
 
     def prefill_hint(self, session_id: str, payload: Any) -> None:
         """Queue the hint behind the requests already in the inbox (the loop fits it as a request's prompt)."""
@@ -116,7 +127,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
             self.inbox.put(IncomingMessage(session_id, "prefill_hint", payload))
 
     def cache_state(self) -> dict[str, Any]:
-        return {"history": self.history.state()} if self.history is not None else {}
+        return {**({"history": self.history.state()} if self.history is not None else {}), "copy_forks": self.forks}
 
     def live_state(self) -> int:
         return len(self._tasks)
@@ -198,6 +209,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
         except ValueError as exc:
             self.emit_error(rid, exc, code="bad_request")
             return
+        whole = req.messages  # the session's whole chat: an answer trimmed out of the window is still not copied
         if req.messages is not None:
             req.messages = steer_messages(req.messages, self.languages)
             try:
@@ -226,29 +238,82 @@ class AsyncStreamScheduler(ThreadedScheduler):
                     self.emit(rid, "stream", chunk)
             return stopped
 
+        # loops and copies (omni_rt.engine.prompt.repetition): an n-gram the upstream cannot ban, an earlier answer of
+        # the session reproduced, an answer that starts in another language; spoken text only (a tool call's JSON
+        # repeats its keys by design). Nothing is held for them but the word being written, which the answer policy
+        # holds anyway; a copy or a foreign word is forked away (fork_request) where the engine can continue an answer
+        guarded = req.output == "text" and texts is None
+        copies = earlier_answers(whole) if guarded else []
+        guard = RepeatGuard(req.sampling.no_repeat_ngram_size if guarded else 0, copies,
+                            self.languages if guarded else (), hold_copies=not self.forks_answers)
+        prompt = self.prompt_ids.get(rid)  # the fitted prompt: a forked answer continues it
+        leg, retried, bans, strip, forks = req, False, [], False, 0
         try:
-            # aclosing: leaving the loop early (the policy stopped) closes the upstream stream at once
-            async with aclosing(self.generate(rid, req)) as stream:
-                async for d in stream:
-                    if d.timings and upstream_timings is None:
-                        upstream_timings = d.timings
-                    if d.text or d.token_ids or d.tool_calls:
-                        first = first or time.perf_counter()
-                        chunks += 1
-                        ids.extend(d.token_ids)
-                        out = calls.feed(d.tool_calls, list(d.token_ids)) if d.tool_calls else []
-                        tok_ids = [] if d.tool_calls else list(d.token_ids)
-                        if texts is not None:  # tool calls never reach "text" (the talker speaks it)
-                            out += texts.chunks(d.text, tok_ids, final=False)
-                        elif d.text or tok_ids:
-                            out.append(TextDelta(d.text, tok_ids))
-                        if publish(out):
-                            finish = "policy"
-                            break
-                    finish = d.finish_reason or finish
-                    usage = d.usage or usage
-                    if d.finish_reason:
-                        publish(calls.finish())
+            for _ in range(2 + MAX_FORKS):  # the answer, one retry, its forks: bounded
+                # aclosing: leaving the loop early (the policy stopped) closes the upstream stream at once
+                async with aclosing(self.generate(rid, leg)) as stream:
+                    async for d in stream:
+                        if d.timings and upstream_timings is None:
+                            upstream_timings = d.timings
+                        if d.text or d.token_ids or d.tool_calls:
+                            first = first or time.perf_counter()
+                            chunks += 1
+                            ids.extend(d.token_ids)
+                            out = calls.feed(d.tool_calls, list(d.token_ids)) if d.tool_calls else []
+                            tok_ids = [] if d.tool_calls else list(d.token_ids)
+                            fed = d.text.lstrip() if strip else d.text  # a fork's first space: the text had it
+                            strip = strip and not fed
+                            said, repeated = guard.feed(fed) if guarded else (fed, False)
+                            if texts is not None:  # tool calls never reach "text" (the talker speaks it)
+                                out += texts.chunks(d.text, tok_ids, final=False)
+                            elif said or tok_ids:
+                                out.append(TextDelta(said, tok_ids))
+                            if publish(out):
+                                finish = "policy"
+                                break
+                            if repeated:
+                                finish = "repeat"
+                                break
+                        finish = d.finish_reason or finish
+                        usage = d.usage or usage
+                        if d.finish_reason:
+                            publish(calls.finish())
+                if guarded and finish not in ("policy", "repeat"):
+                    held = guard.finish()
+                    if held:
+                        publish([TextDelta(held, [])])
+                if finish == "policy" or not guarded or guard.reason is None:
+                    break
+                spoken = "".join(text).strip()
+                if self.forks_answers and (guard.reason == "copy" or (guard.reason == "language" and spoken)):
+                    # a copy's last word, or a word of another language once the answer is being spoken: the answer
+                    # goes on from the text before it with that word banned (an answer not yet spoken is asked again)
+                    # from the start of what the listener has not got yet: a later sentence the policy still holds
+                    head, words = guard.fork(policy.retract() if policy is not None else 0)
+                    bans += [w for w in words if w not in bans]
+                    forks += 1
+                    fork = self.fork_request(rid, req, prompt, head, bans, chunks) if forks <= MAX_FORKS else None
+                    if fork is None:  # cannot fork (or the budget is spent): cut where the listener has it
+                        finish = "repeat"
+                        break
+                    self.forks += 1
+                    leg, finish, strip = fork, None, head[-1:].isspace()
+                    continue
+                retry = None if retried else copy_retry(req, guard, 0, "".join(text))
+                if retry is None:
+                    if guard.reason == "copy" and not "".join(text).strip():  # asked again, the same answer again:
+                        publish([TextDelta(as_said(guard.text), [])])  # said as a repeat, not silence
+                        finish = "stop"
+                    break
+                # nothing of it was released: the retry starts from a clean policy; it is not held for its language
+                # (one in the wrong language beats silence, and an empty turn in the history is copied by later ones)
+                policy = AnswerPolicy(req.answer_policy) if policy is not None else None
+                stopped, retried = False, True
+                if prompt is not None and retry.messages is not None and self.tokenizer is not None:
+                    # its prompt ids: the slot picker keeps it in the slot whose KV holds all but its last words
+                    primed = render_prompt(self.tokenizer, retry.messages, retry.tools, retry.tool_choice)
+                    self.prompt_ids[rid] = list(self.tokenizer(primed, add_special_tokens=False)["input_ids"])
+                leg, guard, finish = retry, RepeatGuard(guard.n, copies, hold_copies=guard.hold_copies), None
             # the upstream finished (with or without a finish_reason): close what is open, release held text
             publish(calls.finish() + (texts.chunks("", [], final=True) if texts is not None else []))
         except asyncio.CancelledError:
@@ -261,11 +326,19 @@ class AsyncStreamScheduler(ThreadedScheduler):
             return
         finally:
             self.prompt_ids.pop(rid, None)
+        if finish == "repeat":  # the guard ended a loop or a copy: closed as a cut, at a sentence boundary
+            finish = "policy" if policy is not None else "stop"
+            tail = policy.finish("length") if policy is not None else ""
+            if tail:
+                text.append(tail)
+                self.emit(rid, "stream", TextDelta(tail, []))
         if policy is not None and finish not in ("policy", "abort"):
             tail = policy.finish(finish or "stop")  # a cut ("length") ends at the last sentence boundary
             if tail:
                 text.append(tail)
                 self.emit(rid, "stream", TextDelta(tail, []))
+        if forks:  # one answer over several requests: its prompt is the first's, its tokens are all of them
+            usage = {**usage_from_timings(upstream_timings), "completion_tokens": chunks}
         usage = usage or usage_from_timings(upstream_timings)
         prompt_tokens = usage.get("prompt_tokens") or self._count_prompt(req)
         timing = first_token_timing(arrived, first, upstream_timings) if first is not None else None

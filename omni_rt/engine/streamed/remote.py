@@ -35,14 +35,18 @@ Dialect = Literal["openai", "llama.cpp"]
 
 def _penalty_fields(s: SamplingParams, dialect: Dialect) -> dict[str, Any]:
     """Repetition controls in the upstream's own names, only when set (an OpenAI endpoint refuses unknown
-    keys; SGLang/vLLM accept their extensions). No upstream has ``no_repeat_ngram_size``, so it is not sent
-    (the answer policy still bounds the answer).
+    keys; SGLang/vLLM accept their extensions). No OpenAI-compatible upstream has ``no_repeat_ngram_size``: it
+    is enforced on the stream instead (``omni_rt.engine.prompt.repetition.RepeatGuard``), never silently dropped.
 
-    llama.cpp gets none of the repetition/frequency/presence penalties: its penalties count the prompt's tokens
-    too (ours count the answer only), which pushes the answer off the question's own words (docs/benchmarks/engine.md,
-    "Penalties through llama.cpp")."""
-    out: dict[str, Any] = {}
-    if dialect != "llama.cpp":
+    llama.cpp gets its own samplers (``repetition.llama_cpp_fields``: ``repeat_penalty`` over a short window, since its penalties count the prompt's tokens too, ours the answer's only, and a long
+    window pushes the answer off the question's own words: docs/benchmarks/engine.md, "Penalties through
+    llama.cpp"); a forced call gets none of them."""
+    if dialect == "llama.cpp":
+        from omni_rt.engine.prompt.repetition import llama_cpp_fields
+
+        out = llama_cpp_fields(s)
+    else:
+        out = {}
         if s.repetition_penalty != 1.0:
             out["repetition_penalty"] = s.repetition_penalty
         if s.frequency_penalty:
@@ -59,7 +63,11 @@ def request_body(req: GenRequest, model: str, dialect: Dialect = "openai") -> di
     ``dialect`` names the upstream's spelling of the extensions (``"llama.cpp"`` for its server)."""
     body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
     if req.messages is not None:
-        body["messages"] = req.messages
+        from omni_rt.engine.tools.prompt import speakable_tool_messages
+
+        # a tool's output as plain words (tool_prompt.speakable): the answer after it is spoken, and small models
+        # say a result given as words where they read JSON back braces and all
+        body["messages"] = speakable_tool_messages(req.messages)
     else:
         body["prompt"] = req.prompt_ids
     body["max_tokens"] = req.max_tokens
@@ -168,6 +176,12 @@ class RemoteThinker(AsyncStreamScheduler):
         if dialect not in ("openai", "llama.cpp"):
             raise ValueError(f"dialect must be 'openai' or 'llama.cpp', got {dialect!r}")
         self.dialect = dialect
+        if dialect == "openai" and "api.openai.com" in base_url and float((sampling or {}).get("repetition_penalty") or 1.0) != 1.0:
+            # OpenAI's own API has no multiplicative repetition penalty (vLLM/SGLang do) and answers every request
+            # that sends one with HTTP 400: refused here, at start-up, rather than dropped or failed per answer
+            raise ValueError(f"stage '{name}' field 'sampling.repetition_penalty': {base_url} has no repetition penalty "
+                             "(OpenAI's API offers frequency_penalty and presence_penalty, which count differently); "
+                             "remove it or use one of those")
         self.conversation_tokens = conversation_tokens  # the llama.cpp subclass builds its window at start
         self.base_url = base_url.rstrip("/")
         self.model = model

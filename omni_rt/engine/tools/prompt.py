@@ -83,25 +83,70 @@ def _for_template(messages: list[dict]) -> list[dict]:
     return out
 
 
+def speakable(output: str) -> str:
+    """A tool's output as plain words a voice can say and a small model can copy: a JSON object becomes
+    "city: Chicago; weather: snowing; celsius: -3" (nested objects flattened, lists joined with commas, key
+    underscores as spaces); anything else is kept as it is.
+
+    Why: given the JSON, SmolLM2-135M read it back braces and quotes included ("The tool returned: {"city":
+    ...") or answered with a garbled call ("To call name get order status arguments order it 42."); given the
+    same facts as words, it puts them in its sentence (latency_bench.conversations: tool results used)."""
+    try:
+        value = json.loads(output)
+    except (TypeError, ValueError):
+        return output
+
+    def words(v: Any) -> str:
+        if isinstance(v, dict):
+            return "; ".join(f"{str(k).replace('_', ' ')}: {words(x)}" for k, x in v.items())
+        if isinstance(v, list):
+            return ", ".join(words(x) for x in v)
+        if isinstance(v, bool) or v is None:
+            return {True: "yes", False: "no", None: "none"}[v]
+        return str(v)
+
+    return words(value) if isinstance(value, (dict, list)) else str(value)
+
+
+def speakable_tool_messages(messages: list[dict]) -> list[dict]:
+    """The chat with every tool output's content made ``speakable`` (for an upstream's own chat template)."""
+    return [{**m, "content": speakable(m.get("content") or "")} if m.get("role") == "tool" else m for m in messages]
+
+
 def _for_own(messages: list[dict], tools: list[dict] | None) -> list[dict]:
-    """Tool messages for a template without tool support: calls and results as Hermes-style text."""
+    """Tool messages for a template without tool support: a call is left out, its result is given as plain
+    words in a user turn that repeats the question.
+
+    Why not the call's block: SmolLM2-135M imitated it in later turns (it "called" made-up functions, and with
+    no tools offered the markup was spoken); the system prompt shows the format when tools are offered."""
+    if messages and messages[-1].get("role") == "tool":
+        # the answer to a tool's output sees the instructions, the question and the result only: with the turns
+        # before them SmolLM2-135M kept its earlier answers' style and left the result out (1 of 6 results said,
+        # latency_bench.conversations; 4 of 6 on the same turns alone). The instructions' cached prefix still
+        # serves; the next turn prefills its window again (once per tool turn)
+        n_sys = 0
+        while n_sys < len(messages) and messages[n_sys].get("role") == "system":
+            n_sys += 1
+        asked = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=n_sys)
+        messages = messages[:n_sys] + messages[max(asked, n_sys):]
     out = []
+    names: dict[str, str] = {}
+    question = ""
     for m in messages:
         if m.get("tool_calls"):
-            blocks = [
-                "<tool_call>\n"
-                + json.dumps({"name": c["function"]["name"], "arguments": _args_obj(c["function"]["arguments"])})
-                + "\n</tool_call>"
-                for c in m["tool_calls"]
-            ]
-            out.append({"role": "assistant", "content": "\n".join(filter(None, [m["content"], *blocks]))})
+            names.update({c.get("id", ""): c["function"]["name"] for c in m["tool_calls"]})
+            if (m.get("content") or "").strip():
+                out.append({"role": "assistant", "content": m["content"]})
         elif m["role"] == "tool":
-            # plain words, no markup: SmolLM2-135M read a <tool_response> block back as its answer, tags and all
-            # (spoken aloud); and it uses a result far more often when told to (without the last sentence it
-            # answered from its own knowledge)
-            out.append({"role": "user", "content": f"The tool returned: {m['content']}\n"
-                                                   "Answer my question using this tool result."})
+            # plain words, no markup: SmolLM2-135M read a <tool_response> block (and JSON) back as its answer,
+            # and it uses a result far more often when told to, next to the question it answers
+            name = names.get(m.get("tool_call_id", ""), "the tool").replace("_", " ")
+            ask = f' "{question}"' if question else ""
+            out.append({"role": "user", "content": f"Result of {name}: {speakable(m['content'])}.\n"
+                                                   f"Answer my question{ask} with this result, in one short sentence."})
         else:
+            if m["role"] == "user":
+                question = m["content"] if isinstance(m["content"], str) else ""
             out.append({"role": m["role"], "content": m["content"]})
     if tools:
         prompt = _own_tool_prompt(tools)
