@@ -1,4 +1,4 @@
-"""The FastAPI app: routes (/v1/realtime, /v1/telephony/twilio, the demo page, /healthz, /metrics,
+"""The FastAPI app: routes (/v1/realtime, /v1/live/sessions, /v1/telephony/twilio, the demo page, /healthz, /metrics,
 /debug/state, /debug/stage_times), admission (auth, origin, capacity) and shutdown. Sessions live in ``omni_rt.session``; the
 socket handling in ``omni_rt.transports``."""
 
@@ -23,6 +23,7 @@ from omni_rt.server.runtime import Runtime
 from omni_rt.server.settings import ServerSettings
 from omni_rt.transports.host import new_session
 from omni_rt.transports.runner import SessionRunner
+from omni_rt.transports.live import live_endpoint
 from omni_rt.transports.twilio import twilio_endpoint
 from omni_rt.transports.webrtc import CallError, CallRegistry, read_offer
 from omni_rt.transports.websocket import CLOSE_FULL, CLOSE_GOING_AWAY, CLOSE_POLICY, receive_realtime, safe_reason, serve_session
@@ -224,6 +225,13 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
         if not calls.hangup(call_id):
             return JSONResponse(CallError(404, "call_not_found", "no such call").body(), status_code=404)
         return Response(status_code=200)
+
+    @app.websocket("/v1/live/sessions")
+    async def live_sessions(ws: WebSocket) -> None:
+        """GPT-Live over WebSocket (omni_rt.transports.live): the Live protocol over the same session core."""
+        if not await admit(ws, runtime, "live"):
+            return
+        await live_endpoint(ws, runtime, settings.live_delegation)
 
     @app.websocket("/v1/telephony/twilio")
     async def twilio(ws: WebSocket) -> None:

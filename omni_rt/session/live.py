@@ -1,0 +1,490 @@
+"""One GPT-Live session, sans-I/O: the Live protocol as a layer over the Realtime session core.
+
+The Live wire (``/v1/live/sessions``) has no commits, responses or speech events: the server's own end of turn
+and barge-in decide, output audio is one continuous real-time stream, and the model *delegates* work to the
+client. ``LiveSession`` translates both ways and owns only what the Live protocol adds; turns, answers,
+barge-in, tools and the conversation stay the ``RealtimeSession``'s (``omni_rt.session.core``), driven by the
+same ``SessionRunner`` and pipeline as ``/v1/realtime``:
+
+* client Live events in (``receive_message``) -> Realtime client events for the core (``core_events``), or a
+  Live ack / ``error`` at once;
+* the core's Realtime server events in (``receive_core``) -> Live server events, the answer's audio into the
+  output stream;
+* ``tick(now)``: the real-time output stream (``session.output_audio.delta``: the answer's audio, digital
+  zeros between answers), output transcripts released as their audio plays, periodic usage, expiry, the end
+  of a requested close.
+
+Delegation: the voice thinker is given one function, ``delegate_to_backend``; its call becomes
+``session.delegation.created`` (after the user's transcript, which the core sends before it answers), the
+spoken preamble before the call is the session's tool preamble (``omni_rt.engine.tools.preamble``), and the
+client's ``session.commentary.append`` with that delegation id becomes the call's output, which the thinker
+answers from (spoken). Barge-in cancels speech only; an open delegation stays open and a late result is spoken.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from omni_rt.audio.pcm import StreamResampler, float_to_pcm16, pcm16_to_float
+from omni_rt.realtime.errors import ProtocolError
+from omni_rt.realtime.events import event_id_of, new_id, parse_client_message
+from omni_rt.realtime.live_config import SESSION_LIFETIME_S, LiveConfig, core_item, parse_delegation, known_keys
+from omni_rt.realtime.session_config import SessionConfig
+
+log = logging.getLogger("omni_rt.live")
+
+CLIENT_EVENTS = ("session.start", "session.update", "session.input_audio.append", "session.input_audio.mute",
+                 "session.input_audio.unmute", "session.instructions.append", "session.thinking.append",
+                 "session.commentary.append", "response.item.create", "response.create", "session.close")
+APPEND_KINDS = ("instructions", "thinking", "commentary")
+DELEGATE_TOOL = "delegate_to_backend"
+CORE_EVENT_PREFIX = "live:"  # core event ids carry the client's event id, so a core error names it back
+
+
+@dataclass(frozen=True)
+class LiveLimits:
+    """Per-session caps of the Live layer; each refusal names its number."""
+
+    max_append_bytes: int = 1 << 20  # one session.input_audio.append, decoded
+    max_append_chars: int = 4000  # one instructions / thinking / commentary append (the protocol: 500 tokens)
+    max_appended_instructions_chars: int = 16 * 1024  # all session.instructions.append together
+    max_pending_speech: int = 8  # commentary waiting for the voice to finish its current answer
+    max_open_delegations: int = 32
+    max_buffered_output_s: float = 120.0  # answer audio queued ahead of the real-time stream
+    usage_interval_s: float = 10.0  # session.usage.updated while the session runs
+    drain_timeout_s: float = 10.0  # session.close waits at most this long for speech to finish
+    output_lead_s: float = 0.1  # the stream runs this far ahead of the wall clock (client jitter buffer)
+    tick_s: float = 0.04  # the output stream's pace: one delta per tick
+    lifetime_s: float = SESSION_LIFETIME_S
+
+
+class LiveSession:
+    def __init__(self, *, voices: tuple[str, ...], delegation_policy: str = "auto", limits: LiveLimits | None = None,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        """``voices``: the preset's (the Live voice name is echoed, the preset's first voice speaks);
+        ``delegation_policy``: "auto" (the thinker decides when to delegate), "always" (every user turn is
+        delegated), "off" (never); ``clock``: monotonic seconds (tests pass a fake one)."""
+        self.id = new_id("live")
+        self.limits = limits or LiveLimits()
+        self.voices = voices or ("default",)
+        self.delegation_policy = delegation_policy
+        self.clock, self.wall = clock, wall
+        self.state = "new"  # new -> active -> closing -> closed
+        self.config: LiveConfig | None = None
+        self.core_session: dict[str, Any] | None = None  # the Realtime session payload the core starts with
+        self.close_reason: str | None = None
+        self.finished = False  # session.closed is queued: the transport closes the socket (1000) after it
+        self.muted = False
+        self._out: list[dict[str, Any]] = []
+        self._core: list[dict[str, Any]] = []
+        self._t0 = 0.0
+        self._expires_at = 0
+        self._base_instructions = ""
+        self._appended_instructions: list[str] = []
+        self._in_samples = 0  # input timeline (client-rate samples received)
+        self._in_rate = 24000
+        self._out_rate = 24000
+        self._out_sent = 0  # output timeline: samples of the stream sent
+        self._out_buf = bytearray()  # answer audio (client format) not yet sent
+        self._out_text: deque[tuple[int, str]] = deque()  # (stream sample where it starts, transcript delta)
+        self._last_usage = 0.0
+        self._close_started = 0.0
+        self._close_event_id: str | None = None
+        self._core_active: str | None = None  # the core's response in progress
+        self._speech_queue: deque[list[dict[str, Any]]] = deque()  # core events that start an answer, waiting
+        self._delegations: dict[str, str | None] = {}  # delegation id -> call id while the call has no output
+        self._input_end_ms = 0
+        self._in_sent = ""  # the current turn's transcript sent so far
+        self._turn_start_ms = 0
+        self._in_resampler: StreamResampler | None = None
+        self._out_resampler: StreamResampler | None = None
+
+    # ---- outputs -------------------------------------------------------------------------------------
+    def events_to_send(self) -> list[dict[str, Any]]:
+        out, self._out = self._out, []
+        return out
+
+    def core_events(self) -> list[dict[str, Any]]:
+        out, self._core = self._core, []
+        return out
+
+    def _send(self, event: dict[str, Any], client_event_id: str | None = None) -> None:
+        event = {"type": event.pop("type"), "event_id": new_id("event"), **event}
+        if client_event_id is not None:
+            event["client_event_id"] = client_event_id
+        self._out.append(event)
+
+    def send_error(self, exc: ProtocolError, client_event_id: str | None = None) -> None:
+        err: dict[str, Any] = {"type": exc.type, "code": exc.code, "message": exc.message}
+        if exc.param:
+            err["param"] = exc.param
+        if client_event_id is not None:
+            err["client_event_id"] = client_event_id
+        self._send({"type": "error", "error": err}, client_event_id)
+
+    def _to_core(self, event: dict[str, Any], client_event_id: str | None) -> None:
+        if client_event_id is not None:
+            event["event_id"] = CORE_EVENT_PREFIX + client_event_id
+        self._core.append(event)
+
+    # ---- timeline ------------------------------------------------------------------------------------
+    def now_ms(self) -> int:
+        """The session timeline: milliseconds since ``session.started`` (the output stream's clock)."""
+        return int(self._out_sent * 1000 / self._out_rate)
+
+    def _in_ms(self) -> int:
+        return int(self._in_samples * 1000 / self._in_rate)
+
+    def usage_seconds(self) -> float:
+        return round(max(0.0, self.clock() - self._t0), 3) if self.state != "new" else 0.0
+
+    # ---- client events -------------------------------------------------------------------------------
+    def receive_message(self, raw: str | bytes) -> None:
+        try:
+            event = parse_client_message(raw)
+        except ProtocolError as exc:
+            self.send_error(exc, event_id_of(raw))
+            return
+        self.receive_event(event)
+
+    def receive_event(self, event: dict[str, Any]) -> None:
+        eid = event.get("event_id")
+        eid = eid if isinstance(eid, str) and len(eid) <= 128 else None
+        try:
+            etype = event["type"]
+            if self.state == "closed":
+                return
+            if etype not in CLIENT_EVENTS:
+                raise ProtocolError("unknown_event", f"unknown event type '{etype[:64]}'; supported: {', '.join(CLIENT_EVENTS)}", "type")
+            if etype == "session.start":
+                self._start(event, eid)
+                return
+            if self.state == "new":
+                raise ProtocolError("session_not_started", f"send session.start first; '{etype}' came before it", "type")
+            if self.state == "closing":
+                raise ProtocolError("session_closing", f"the session is closing; '{etype}' is refused", "type")
+            if etype == "session.input_audio.append":
+                self._append_audio(event, eid)
+            elif etype in ("session.input_audio.mute", "session.input_audio.unmute"):
+                known_keys(event, ("type", "event_id"), etype)
+                self.muted = etype.endswith(".mute")
+                self._send({"type": etype.replace(".mute", ".muted").replace(".unmute", ".unmuted")}, eid)
+            elif etype.startswith("session.") and etype.endswith(".append"):
+                self._append_context(etype.split(".")[1], event, eid)
+            elif etype == "session.update":
+                self._update(event, eid)
+            elif etype in ("response.item.create", "response.create"):
+                raise ProtocolError("invalid_request_error", f"{etype} requires Responses delegation, which this server does "
+                                    "not run; this session uses client delegation", "type")
+            elif etype == "session.close":
+                known_keys(event, ("type", "event_id"), "session.close")
+                self.state, self._close_started, self._close_event_id = "closing", self.clock(), eid
+        except ProtocolError as exc:
+            self.send_error(exc, eid)
+
+    def _start(self, event: dict[str, Any], eid: str | None) -> None:
+        if self.state != "new":
+            raise ProtocolError("session_already_started", "session.start may be sent once per connection", "type")
+        known_keys(event, ("type", "event_id", "session"), "session.start")
+        cfg = LiveConfig.parse(event.get("session"))
+        self.config = cfg
+        self._base_instructions = cfg.instructions or SessionConfig().instructions
+        self._in_rate = self._out_rate = cfg.rate
+        if cfg.format_type == "audio/pcm" and cfg.rate != 24000:
+            self._in_resampler = StreamResampler(cfg.rate, 24000, "QQ")
+            self._out_resampler = StreamResampler(24000, cfg.rate, "HQ")
+        fmt = {"type": cfg.core_format}
+        tools, choice = [], "none"
+        if self.delegation_policy != "off":
+            tools = [{"type": "function", "name": DELEGATE_TOOL, "parameters": {"type": "object", "properties": {}},
+                      "description": "Hand the user's request to the backend, which has the knowledge, tools and actions "
+                                     "this voice does not; its answer comes back later."}]
+            choice = "required" if self.delegation_policy == "always" else "auto"
+        self.core_session = {
+            "type": "realtime", "instructions": self._instructions(), "tools": tools, "tool_choice": choice,
+            "audio": {"input": {"format": fmt, "transcription": {"model": "whisper"}, "turn_detection": {"type": "semantic_vad"}},
+                      "output": {"format": fmt, "voice": self.voices[0]}}}
+        for item in cfg.input:
+            self._to_core({"type": "conversation.item.create", "item": core_item(item)}, None)
+        self.state = "active"
+        self._t0 = self._last_usage = self.clock()
+        self._expires_at = int(self.wall() + self.limits.lifetime_s)
+        self._send({"type": "session.started", "session": self.resource()}, eid)
+
+    def resource(self) -> dict[str, Any]:
+        assert self.config is not None
+        return self.config.resource(self.id, self._expires_at)
+
+    def _instructions(self) -> str:
+        return "\n\n".join([self._base_instructions, *self._appended_instructions])
+
+    def _update(self, event: dict[str, Any], eid: str | None) -> None:
+        known_keys(event, ("type", "event_id", "session"), "session.update")
+        session = event.get("session")
+        if not isinstance(session, dict):
+            raise ProtocolError("missing_required_parameter", "session.update needs a 'session' object", "session")
+        for key in session:
+            if key != "delegation":
+                raise ProtocolError("unknown_parameter" if key not in ("model", "instructions", "audio", "input") else "immutable_parameter",
+                                    f"session.{str(key)[:40]} cannot change after session.start; session.update changes "
+                                    "'delegation' only", f"session.{str(key)[:40]}")
+        assert self.config is not None
+        self.config.delegation = parse_delegation(session.get("delegation"), "session.delegation", current="client")
+        self._send({"type": "session.updated", "session": self.resource()}, eid)
+
+    def _append_audio(self, event: dict[str, Any], eid: str | None) -> None:
+        known_keys(event, ("type", "event_id", "audio"), "session.input_audio.append")
+        audio = event.get("audio")
+        if not isinstance(audio, str):
+            raise ProtocolError("missing_required_parameter", "session.input_audio.append needs base64 'audio'", "audio")
+        if len(audio) > (self.limits.max_append_bytes * 4) // 3 + 4:
+            raise ProtocolError("audio_too_large", f"one append carries at most {self.limits.max_append_bytes} bytes of audio", "audio")
+        try:
+            raw = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise ProtocolError("invalid_base64", "'audio' is not valid base64", "audio") from None
+        assert self.config is not None
+        bps = self.config.bytes_per_sample
+        if len(raw) % bps:
+            raise ProtocolError("invalid_audio", f"{self.config.format_type} audio comes in whole {bps}-byte samples", "audio")
+        if not raw:
+            return
+        self._in_samples += len(raw) // bps
+        if self.muted:  # the model hears silence: the timelines stay aligned and a turn in progress can end
+            raw = (b"\xff" if self.config.format_type == "audio/pcmu" else b"\xd5" if self.config.format_type == "audio/pcma"
+                   else b"\x00") * len(raw)
+        if self._in_resampler is not None:
+            pcm = self._in_resampler.process(pcm16_to_float(raw))
+            if not len(pcm):
+                return
+            audio = base64.b64encode(float_to_pcm16(pcm)).decode("ascii")
+        elif self.muted:
+            audio = base64.b64encode(raw).decode("ascii")
+        self._to_core({"type": "input_audio_buffer.append", "audio": audio}, eid)
+
+    def _append_context(self, kind: str, event: dict[str, Any], eid: str | None) -> None:
+        etype = f"session.{kind}.append"
+        known_keys(event, ("type", "event_id", "content", "delegation_id"), etype)
+        content = event.get("content")
+        if not isinstance(content, str) or not content.strip():
+            raise ProtocolError("missing_required_parameter", f"{etype} needs a non-empty string 'content'", "content")
+        if len(content) > self.limits.max_append_chars:
+            raise ProtocolError("string_above_max_length", f"'content' holds {len(content)} characters; at most "
+                                f"{self.limits.max_append_chars} per append (about 500 tokens)", "content")
+        if "delegation_id" not in event:
+            raise ProtocolError("missing_required_parameter", f"{etype} needs 'delegation_id' (null when it answers no "
+                                "delegation)", "delegation_id")
+        did = event["delegation_id"]
+        if did is not None and (not isinstance(did, str) or did not in self._delegations):
+            raise ProtocolError("invalid_value", f"no delegation {str(did)[:64]!r} in this session", "delegation_id")
+        if kind == "instructions":
+            total = sum(map(len, self._appended_instructions)) + len(content)
+            if total > self.limits.max_appended_instructions_chars:
+                raise ProtocolError("string_above_max_length", f"appended instructions would hold {total} characters; at most "
+                                    f"{self.limits.max_appended_instructions_chars}", "content")
+            self._appended_instructions.append(content)
+            self._to_core({"type": "session.update", "session": {"type": "realtime", "instructions": self._instructions()}}, eid)
+        elif kind == "thinking":
+            self._add_result(did, content, eid, background=True)
+        else:
+            if did is None:
+                if len(self._speech_queue) >= self.limits.max_pending_speech:
+                    raise ProtocolError("too_many_pending", f"at most {self.limits.max_pending_speech} commentaries may wait for "
+                                        "the voice", "content")
+                self._speak([{"type": "response.create", "response": {
+                    "tool_choice": "none",
+                    "instructions": f"{self._instructions()}\n\nSay this to the user now, faithfully and briefly: {content}"}}], eid)
+            else:
+                self._add_result(did, content, eid, background=False)
+        now = self.now_ms()
+        self._send({"type": f"session.{kind}.appended", "start_ms": now, "end_ms": now}, eid)
+
+    def _add_result(self, did: str | None, content: str, eid: str | None, *, background: bool) -> None:
+        """A delegation's result (or background text): the open call's output when it has none yet, else a
+        system note; commentary is then answered aloud."""
+        call_id = self._delegations.get(did) if did is not None else None
+        if call_id is not None:
+            self._delegations[did] = None  # type: ignore[index]  # answered: later appends are notes
+            item = {"type": "function_call_output", "call_id": call_id, "output": content}
+        else:
+            note = "Background for later answers (do not read it out): " if background else "Result of the user's earlier request: "
+            item = {"type": "message", "role": "system", "content": [{"type": "input_text", "text": note + content}]}
+        events = [{"type": "conversation.item.create", "item": item}]
+        if background:
+            self._to_core(events[0], eid)
+            return
+        if len(self._speech_queue) >= self.limits.max_pending_speech:
+            raise ProtocolError("too_many_pending", f"at most {self.limits.max_pending_speech} commentaries may wait for the voice",
+                                "content")
+        events.append({"type": "response.create", "response": {"tool_choice": "none"}})
+        self._speak(events, eid)
+
+    def _speak(self, events: list[dict[str, Any]], eid: str | None) -> None:
+        """Events that end in an answer: now if the voice is not answering, else after its answer."""
+        if eid is not None:
+            for e in events:
+                e["event_id"] = CORE_EVENT_PREFIX + eid
+        self._speech_queue.append(events)
+        self._flush_speech()
+
+    def _flush_speech(self) -> None:
+        if self._core_active is None and self._speech_queue and self.state != "closed":
+            self._core.extend(self._speech_queue.popleft())
+            self._core_active = "pending"  # until the core's response.created names it
+
+    # ---- core events ---------------------------------------------------------------------------------
+    def receive_core(self, events: list[dict[str, Any]]) -> None:
+        for ev in events:
+            self._from_core(ev)
+
+    def _from_core(self, ev: dict[str, Any]) -> None:
+        et = ev.get("type")
+        if et == "response.output_audio.delta":
+            self._queue_audio(base64.b64decode(ev["delta"]))
+        elif et == "response.output_audio_transcript.delta":
+            pos = self._out_sent + len(self._out_buf) // self._bps
+            self._out_text.append((pos, ev["delta"]))
+        elif et == "response.created":
+            self._core_active = ev["response"]["id"]
+        elif et == "response.done":
+            self._core_active = None
+            self._flush_out_resampler()
+            for item in ev["response"].get("output", []):
+                if item.get("type") == "function_call" and item.get("name") == DELEGATE_TOOL:
+                    self._delegate(item["call_id"])
+            self._flush_speech()
+        elif et == "input_audio_buffer.speech_started":
+            self._turn_start_ms = min(int(ev.get("audio_start_ms", 0)), self._in_ms())
+            self._input_end_ms = self._turn_start_ms
+            self._in_sent = ""
+            self._barge_in()
+        elif et == "conversation.item.input_audio_transcription.delta":
+            self._input_text(ev["delta"])
+        elif et == "conversation.item.input_audio_transcription.completed":
+            self._input_final(ev.get("transcript") or "")
+        elif et == "error":
+            self._core_error(ev["error"])
+
+    def _input_final(self, text: str) -> None:
+        """The turn's final transcript: what the partials did not send yet. A final that re-decoded the start
+        differently cannot take back what was sent: its words past those sent follow."""
+        sent, self._in_sent = self._in_sent, ""
+        if text.startswith(sent):
+            rest = text[len(sent):]
+        else:
+            words = text.split()[len(sent.split()):]
+            rest = (" " if sent else "") + " ".join(words) if words else ""
+        self._in_sent = ""
+        if rest.strip():
+            self._input_text(rest)
+        self._in_sent = ""
+
+    def _input_text(self, delta: str) -> None:
+        if not delta:
+            return
+        self._in_sent += delta
+        start = self._input_end_ms if self._input_end_ms else self._turn_start_ms
+        end = max(start, self._in_ms())
+        self._input_end_ms = end
+        self._send({"type": "session.input_transcript.delta", "delta": delta, "start_ms": start, "end_ms": end})
+
+    def _delegate(self, call_id: str) -> None:
+        if len(self._delegations) >= self.limits.max_open_delegations:  # the oldest answered ones go first
+            for did in [d for d, c in self._delegations.items() if c is None][: len(self._delegations) // 2 or 1]:
+                del self._delegations[did]
+        did = new_id("del")
+        self._delegations[did] = call_id
+        self._send({"type": "session.delegation.created", "offset_ms": self.now_ms(),
+                    "delegation": {"id": did, "type": "delegation", "target": "client"}})
+
+    def _core_error(self, err: dict[str, Any]) -> None:
+        eid = err.get("event_id")
+        client_eid = eid[len(CORE_EVENT_PREFIX):] if isinstance(eid, str) and eid.startswith(CORE_EVENT_PREFIX) else None
+        if err.get("code") == "conversation_already_has_active_response":
+            self._core_active = "pending"  # a turn's answer started first: this one waits for it to finish
+            return
+        self.send_error(ProtocolError(err.get("code") or "server_error", err.get("message") or "error", err.get("param"),
+                                      err.get("type") or "invalid_request_error"), client_eid)
+
+    # ---- output stream -------------------------------------------------------------------------------
+    @property
+    def _bps(self) -> int:
+        return self.config.bytes_per_sample if self.config is not None else 2
+
+    def _queue_audio(self, data: bytes) -> None:
+        if self._out_resampler is not None:
+            data = float_to_pcm16(self._out_resampler.process(pcm16_to_float(data)))
+        cap = int(self.limits.max_buffered_output_s * self._out_rate) * self._bps
+        if len(self._out_buf) + len(data) > cap:
+            log.warning("live session %s: output audio over %.0f s ahead of real time; dropped", self.id, self.limits.max_buffered_output_s)
+            return
+        self._out_buf.extend(data)
+
+    def _flush_out_resampler(self) -> None:
+        if self._out_resampler is not None:
+            tail = self._out_resampler.flush()
+            if len(tail):
+                self._out_buf.extend(float_to_pcm16(tail))
+
+    def _barge_in(self) -> None:
+        """The user started speaking: what the voice has not played yet is dropped (the core cancels its answer);
+        open delegations stay open."""
+        self._out_buf.clear()
+        self._out_text.clear()
+        if self._out_resampler is not None:
+            self._out_resampler.reset()
+
+    def _silence(self, n: int) -> bytes:
+        assert self.config is not None
+        fill = b"\xff" if self.config.format_type == "audio/pcmu" else b"\xd5" if self.config.format_type == "audio/pcma" else b"\x00"
+        return fill * (n * self._bps)
+
+    def tick(self) -> None:
+        """Advance the real-time stream to the clock (plus the lead), release transcripts whose audio has
+        started, send usage, and end a close or an expired session."""
+        if self.state in ("new", "closed"):
+            return
+        now = self.clock()
+        due = int((now - self._t0 + self.limits.output_lead_s) * self._out_rate) - self._out_sent
+        if due >= int(self._out_rate * self.limits.tick_s / 2):
+            nbytes = due * self._bps
+            chunk = bytes(self._out_buf[:nbytes])
+            del self._out_buf[:nbytes]
+            if len(chunk) < nbytes:
+                chunk += self._silence((nbytes - len(chunk)) // self._bps)
+            self._out_sent += due
+            self._send({"type": "session.output_audio.delta", "delta": base64.b64encode(chunk).decode("ascii")})
+        while self._out_text and self._out_text[0][0] <= self._out_sent:
+            pos, text = self._out_text.popleft()
+            end = self._out_text[0][0] if self._out_text else self._out_sent + len(self._out_buf) // self._bps
+            start_ms = int(pos * 1000 / self._out_rate)
+            self._send({"type": "session.output_transcript.delta", "delta": text, "start_ms": start_ms,
+                        "end_ms": max(start_ms, int(end * 1000 / self._out_rate))})
+        if now - self._last_usage >= self.limits.usage_interval_s:
+            self._last_usage = now
+            self._send({"type": "session.usage.updated", "usage": {"seconds": self.usage_seconds()}})
+        if self.state == "closing":
+            speaking = self._core_active is not None or self._speech_queue or self._out_buf
+            if not speaking or now - self._close_started >= self.limits.drain_timeout_s:
+                self._finish("close_requested", self._close_event_id)
+        elif self.wall() >= self._expires_at:
+            self._finish("expired", None)
+
+    def _finish(self, reason: str, eid: str | None) -> None:
+        self.close_reason = reason
+        self._send({"type": "session.closed", "reason": reason, "session": self.resource(),
+                    "usage": {"seconds": self.usage_seconds()}}, eid)
+        self.state = "closed"
+        self.finished = True
+
+    def live_state(self) -> dict[str, int]:
+        return {"open_delegations": sum(1 for c in self._delegations.values() if c is not None),
+                "pending_speech": len(self._speech_queue), "buffered_output_bytes": len(self._out_buf)}
