@@ -264,3 +264,54 @@ async def test_auth_like_realtime(tmp_path_factory):
             assert json.loads(await ws.recv())["type"] == "session.started"
     finally:
         stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def delegating_server(tmp_path_factory):
+    from servers import start_server, stop_server
+
+    server = start_server(tmp_path_factory.mktemp("live-deleg"), "--live-delegation", "always", "--max-sessions", "4")
+    yield server
+    stop_server(server)
+
+
+async def test_client_delegation_preamble_then_result_spoken(delegating_server, speech_samples):
+    """Every user turn delegated (``--live-delegation always``): the user's words, then the delegation; a short
+    preamble is spoken at once; the backend's result, appended as commentary with the delegation id, is spoken."""
+    audio, sr, _ = speech_samples["capital"]
+    speech = pcm_chunks_b64(speech_with_silence(audio, sr, lead_s=0.3, tail_s=0.2), chunk_ms=40)
+    ws, live = await open_live(delegating_server, {"model": "gpt-live-1", "delegation": None})
+    try:
+        sender = asyncio.create_task(stream_audio(live, speech + [SILENCE_40MS] * 400))
+        try:
+            t_end = time.perf_counter() + len(speech) * 0.04 - 0.2  # about when the last word is sent
+            created = await live.wait_for("session.delegation.created", timeout=60)
+            t_created = next(t for t, e in live.events if e is created)
+            deleg = created["delegation"]
+            assert deleg["id"].startswith("del_") and deleg["type"] == "delegation" and deleg["target"] == "client"
+            # the user's words went out first (a client builds the task from them)
+            t_in = [t for t, e in live.events if e["type"] == "session.input_transcript.delta"]
+            assert t_in and max(t_in) <= t_created
+            asked = "".join(e["delta"] for e in live.of("session.input_transcript.delta"))
+            assert heard("france", asked) or "capital" in asked.lower(), asked
+            # the preamble is spoken while the backend works
+            pre = await live.wait_for("session.output_transcript.delta", timeout=30)
+            t_pre = next(t for t, e in live.events if e is pre)
+            print(f"preamble transcript {t_pre - t_end:.2f} s after the last word")
+            await asyncio.sleep(1.0)  # the backend "works"
+            mark = len(live.events)
+            await live.send({"type": "session.commentary.append", "event_id": "r1", "delegation_id": deleg["id"],
+                             "content": "The capital of France is Paris."})
+            ack = await live.wait_for("session.commentary.appended", after=mark)
+            assert ack["client_event_id"] == "r1"
+            await live.wait_for("session.output_transcript.delta", timeout=60, after=mark)
+            await asyncio.sleep(3.0)
+        finally:
+            sender.cancel()
+        said = "".join(e["delta"] for _, e in live.events[mark:] if e["type"] == "session.output_transcript.delta")
+        print("answer after the result:", said)
+        assert said.strip()
+        assert np.abs(pcm_of(live, mark)).max() > 1000
+        assert not live.of("error")
+    finally:
+        await ws.close()
