@@ -142,6 +142,6 @@ class _Refused(Exception):
         self.code, self.reason = code, reason
 
 
-async def live_endpoint(ws: WebSocket, runtime: "TransportHost", delegation_policy: str = "auto") -> None:
+async def live_endpoint(ws: WebSocket, runtime: "TransportHost", delegation_policy: str = "off") -> None:
     """Serve one ``/v1/live/sessions`` connection (already admitted: auth, origin, capacity)."""
     await LiveConnection(ws, runtime, delegation_policy).serve()
