@@ -212,6 +212,47 @@ async def test_mute_commentary_close_closed_usage(live_server, speech_samples):
     assert state["total"] == 0 and state["sessions"] == 0
 
 
+def loud_times(live: Live, after: int = 0) -> list[float]:
+    return [t for t, e in live.events[after:] if e["type"] == "session.output_audio.delta"
+            and np.abs(np.frombuffer(base64.b64decode(e["delta"]), np.int16)).max() > 1000]
+
+
+async def test_barge_in_silences_the_stream_and_the_new_turn_is_answered(live_server, speech_samples):
+    """The user talks over a long answer: the stream falls to zeros (our barge-in: the answer is cancelled and
+    what was not played is dropped), and the words spoken over it are heard and answered."""
+    long_audio, sr, _ = speech_samples["long"]
+    color, sr2, _ = speech_samples["color"]
+    ask = pcm_chunks_b64(speech_with_silence(long_audio, sr, lead_s=0.3, tail_s=0.2), chunk_ms=40)
+    over = pcm_chunks_b64(speech_with_silence(color, sr2, lead_s=0.0, tail_s=0.2), chunk_ms=40)
+    ws, live = await open_live(live_server)
+    try:
+        sender = asyncio.create_task(stream_audio(live, ask + [SILENCE_40MS] * 100))
+        await live.wait_for("session.output_transcript.delta", timeout=60)
+        await asyncio.sleep(0.6)  # the answer is playing
+        sender.cancel()
+        mark = len(live.events)
+        t_talk = time.perf_counter()
+        sender = asyncio.create_task(stream_audio(live, over + [SILENCE_40MS] * 150))
+        try:
+            await live.wait_for("session.input_transcript.delta", timeout=30, after=mark)
+            await asyncio.sleep(1.0)
+            loud = loud_times(live)
+            print("loud deltas around the barge-in (s):", [round(t - t_talk, 2) for t in loud if t > t_talk - 1.0])
+            assert [t for t in loud if t_talk - 0.5 < t <= t_talk]  # the answer was playing
+            quiet_from = max([t for t in loud if t < time.perf_counter() - 0.5] or [t_talk])
+            # the answer stopped: its last sound came soon after the user started (the speech has 0 s lead)
+            print(f"barge-in: the voice's last sound {quiet_from - t_talk:.2f} s after the user started talking")
+            assert quiet_from - t_talk < 2.0
+            n = len(live.events)
+            await live.wait_for("session.output_transcript.delta", timeout=60, after=n)  # the new turn's answer
+        finally:
+            sender.cancel()
+        heard_text = "".join(e["delta"] for _, e in live.events[mark:] if e["type"] == "session.input_transcript.delta")
+        assert heard("sky", heard_text) or "color" in heard_text.lower() or "clear" in heard_text.lower(), heard_text
+    finally:
+        await ws.close()
+
+
 async def test_bad_input_gets_errors_and_session_lives(live_server):
     ws, live = await open_live(live_server)
     try:
@@ -310,6 +351,10 @@ async def test_client_delegation_preamble_then_result_spoken(delegating_server, 
             sender.cancel()
         said = "".join(e["delta"] for _, e in live.events[mark:] if e["type"] == "session.output_transcript.delta")
         print("answer after the result:", said)
+        # a later result for the same delegation is still taken (a note, spoken)
+        await live.send({"type": "session.thinking.append", "event_id": "r2", "delegation_id": deleg["id"],
+                         "content": "Paris is also the largest city of France."})
+        assert (await live.wait_for("session.thinking.appended", after=mark))["client_event_id"] == "r2"
         assert said.strip()
         assert np.abs(pcm_of(live, mark)).max() > 1000
         assert not live.of("error")
