@@ -100,6 +100,7 @@ class LiveSession:
         self._close_event_id: str | None = None
         self._core_active: str | None = None  # the core's response in progress
         self._speech_queue: deque[list[dict[str, Any]]] = deque()  # core events that start an answer, waiting
+        self._inflight: list[dict[str, Any]] | None = None  # the batch sent, until a response.done (or its refusal)
         self._delegations: dict[str, str | None] = {}  # delegation id -> call id while the call has no output
         self._input_end_ms = 0
         self._in_sent = ""  # the current turn's transcript sent so far
@@ -337,7 +338,8 @@ class LiveSession:
 
     def _flush_speech(self) -> None:
         if self._core_active is None and self._speech_queue and self.state != "closed":
-            self._core.extend(self._speech_queue.popleft())
+            self._inflight = self._speech_queue.popleft()
+            self._core.extend(self._inflight)
             self._core_active = "pending"  # until the core's response.created names it
 
     # ---- core events ---------------------------------------------------------------------------------
@@ -355,7 +357,7 @@ class LiveSession:
         elif et == "response.created":
             self._core_active = ev["response"]["id"]
         elif et == "response.done":
-            self._core_active = None
+            self._core_active, self._inflight = None, None
             self._flush_out_resampler()
             for item in ev["response"].get("output", []):
                 if item.get("type") == "function_call" and item.get("name") == DELEGATE_TOOL:
@@ -408,9 +410,13 @@ class LiveSession:
     def _core_error(self, err: dict[str, Any]) -> None:
         eid = err.get("event_id")
         client_eid = eid[len(CORE_EVENT_PREFIX):] if isinstance(eid, str) and eid.startswith(CORE_EVENT_PREFIX) else None
-        if err.get("code") == "conversation_already_has_active_response":
-            self._core_active = "pending"  # a turn's answer started first: this one waits for it to finish
+        if err.get("code") == "conversation_already_has_active_response" and self._inflight is not None:
+            self._speech_queue.appendleft(self._inflight)  # a turn's answer started first: this one waits for it
+            self._inflight = None
             return
+        if client_eid is not None and self._core_active == "pending":  # our answer was refused: the next may go
+            self._core_active, self._inflight = None, None
+            self._flush_speech()
         self.send_error(ProtocolError(err.get("code") or "server_error", err.get("message") or "error", err.get("param"),
                                       err.get("type") or "invalid_request_error"), client_eid)
 

@@ -46,7 +46,8 @@ class LiveConnection:
     def _open_core(self) -> None:
         rt, cfg = self.runtime, self.live.config
         assert cfg is not None
-        if len(rt.sessions) >= rt.settings.max_sessions:
+        if len(rt.sessions) >= rt.settings.max_sessions:  # filled up since this socket was admitted
+            self.live.events_to_send()  # session.started never goes out: nothing started
             raise _Refused(CLOSE_FULL, f"server full: {rt.settings.max_sessions} sessions")
         self.runner = SessionRunner(rt, new_session(rt, cfg.model, session=self.live.core_session), "live")
         rt.sessions.add(self.runner)

@@ -145,3 +145,17 @@ def test_mute_feeds_silence_and_16k_input_is_resampled():
     live.receive_message(json.dumps({"type": "session.input_audio.append", "audio": loud}))
     muted = np.frombuffer(base64.b64decode(live.core_events()[0]["audio"]), np.int16)
     assert len(muted) > 1600 and np.abs(muted[len(muted) // 2:]).max() < 100  # (the resampler's lag: the loud tail first)
+
+
+def test_commentary_refused_as_busy_waits_then_goes():
+    live, _ = started()
+    live.receive_message(json.dumps({"type": "session.commentary.append", "event_id": "g", "content": "Hi!", "delegation_id": None}))
+    first = live.core_events()
+    assert [e["type"] for e in first] == ["response.create"]
+    # a turn's answer won the race: the core refuses ours; it waits for that answer and then goes again
+    live.receive_core([{"type": "response.created", "response": {"id": "turn"}},
+                       {"type": "error", "error": {"code": "conversation_already_has_active_response", "message": "busy",
+                                                   "event_id": "live:g"}}])
+    assert live.core_events() == [] and not [e for e in live.events_to_send() if e["type"] == "error"]
+    live.receive_core([{"type": "response.done", "response": {"id": "turn", "output": []}}])
+    assert live.core_events() == first
