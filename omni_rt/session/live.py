@@ -68,15 +68,20 @@ class LiveLimits:
 
 class LiveSession:
     def __init__(self, *, voices: tuple[str, ...], delegation_policy: str = "auto", limits: LiveLimits | None = None,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 media_track: bool = False) -> None:
         """``voices``: the preset's (the Live voice name is echoed, the preset's first voice speaks);
         ``delegation_policy``: "auto" (the thinker decides when to delegate), "always" (every user turn is
-        delegated), "off" (never); ``clock``: monotonic seconds (tests pass a fake one)."""
+        delegated), "off" (never); ``clock``: monotonic seconds (tests pass a fake one); ``media_track``: audio
+        rides a media track (WebRTC): the session is started by its creation request (``start``), the answer's
+        audio goes to the track (``receive_core`` leaves it to the transport), no audio events, and the
+        timeline is the clock's."""
         self.id = new_id("live")
         self.limits = limits or LiveLimits()
         self.voices = voices or ("default",)
         self.delegation_policy = delegation_policy
         self.clock, self.wall = clock, wall
+        self.media_track = media_track
         self.state = "new"  # new -> active -> closing -> closed
         self.config: LiveConfig | None = None
         self.core_session: dict[str, Any] | None = None  # the Realtime session payload the core starts with
@@ -139,9 +144,13 @@ class LiveSession:
     # ---- timeline ------------------------------------------------------------------------------------
     def now_ms(self) -> int:
         """The session timeline: milliseconds since ``session.started`` (the output stream's clock)."""
+        if self.media_track:
+            return int(max(0.0, self.clock() - self._t0) * 1000) if self.state != "new" else 0
         return int(self._out_sent * 1000 / self._out_rate)
 
     def _in_ms(self) -> int:
+        if self.media_track:
+            return self.now_ms()
         return int(self._in_samples * 1000 / self._in_rate)
 
     def usage_seconds(self) -> float:
@@ -166,6 +175,9 @@ class LiveSession:
             if etype not in CLIENT_EVENTS:
                 raise ProtocolError("unknown_event", f"unknown event type '{etype[:64]}'; supported: {', '.join(CLIENT_EVENTS)}", "type")
             if etype == "session.start":
+                if self.media_track:
+                    raise ProtocolError("invalid_request_error", "this session was started by its creation request; "
+                                        "session.start is for WebSocket sessions", "type")
                 self._start(event, eid)
                 return
             if self.state == "new":
@@ -173,6 +185,9 @@ class LiveSession:
             if self.state == "closing":
                 raise ProtocolError("session_closing", f"the session is closing; '{etype}' is refused", "type")
             if etype == "session.input_audio.append":
+                if self.media_track:
+                    raise ProtocolError("invalid_request_error", "audio rides the media track in this session, not "
+                                        "session.input_audio.append", "type")
                 self._append_audio(event, eid)
             elif etype in ("session.input_audio.mute", "session.input_audio.unmute"):
                 known_keys(event, ("type", "event_id"), etype)
@@ -190,6 +205,13 @@ class LiveSession:
                 self.state, self._close_started, self._close_event_id = "closing", self.clock(), eid
         except ProtocolError as exc:
             self.send_error(exc, eid)
+
+    def start(self, session: Any) -> None:
+        """Start from a creation request's session object (WebRTC); raises ``ProtocolError`` naming the field."""
+        if isinstance(session, dict) and isinstance(session.get("audio"), dict) and "format" in session["audio"]:
+            raise ProtocolError("unknown_parameter", "session.audio.format is negotiated in the SDP for WebRTC sessions",
+                                "session.audio.format")
+        self._start({"type": "session.start", "session": session}, None)
 
     def _start(self, event: dict[str, Any], eid: str | None) -> None:
         if self.state != "new":
@@ -350,8 +372,13 @@ class LiveSession:
     def _from_core(self, ev: dict[str, Any]) -> None:
         et = ev.get("type")
         if et == "response.output_audio.delta":
-            self._queue_audio(base64.b64decode(ev["delta"]))
+            if not self.media_track:
+                self._queue_audio(base64.b64decode(ev["delta"]))
         elif et == "response.output_audio_transcript.delta":
+            if self.media_track:  # the track plays it about now
+                now = self.now_ms()
+                self._send({"type": "session.output_transcript.delta", "delta": ev["delta"], "start_ms": now, "end_ms": now})
+                return
             pos = self._out_sent + len(self._out_buf) // self._bps
             self._out_text.append((pos, ev["delta"]))
         elif et == "response.created":
@@ -460,7 +487,7 @@ class LiveSession:
             return
         now = self.clock()
         due = int((now - self._t0 + self.limits.output_lead_s) * self._out_rate) - self._out_sent
-        if due >= int(self._out_rate * self.limits.tick_s / 2):
+        if not self.media_track and due >= int(self._out_rate * self.limits.tick_s / 2):
             nbytes = due * self._bps
             chunk = bytes(self._out_buf[:nbytes])
             del self._out_buf[:nbytes]
