@@ -63,6 +63,7 @@ class LiveLimits:
     drain_timeout_s: float = 10.0  # session.close waits at most this long for speech to finish
     output_lead_s: float = 0.1  # the stream runs this far ahead of the wall clock (client jitter buffer)
     tick_s: float = 0.04  # the output stream's pace: one delta per tick
+    max_queued_events: int = 4096  # Live events not yet taken by the transport (a client that stops reading)
     lifetime_s: float = SESSION_LIFETIME_S
 
 
@@ -88,6 +89,7 @@ class LiveSession:
         self.close_reason: str | None = None
         self.finished = False  # session.closed is queued: the transport closes the socket (1000) after it
         self.muted = False
+        self.overflow = False  # over max_queued_events: the client is not reading; the transport closes
         self._out: list[dict[str, Any]] = []
         self._core: list[dict[str, Any]] = []
         self._t0 = 0.0
@@ -123,6 +125,9 @@ class LiveSession:
         return out
 
     def _send(self, event: dict[str, Any], client_event_id: str | None = None) -> None:
+        if len(self._out) >= self.limits.max_queued_events:  # the transport closes the connection (overflow)
+            self.overflow = True
+            return
         event = {"type": event.pop("type"), "event_id": new_id("event"), **event}
         if client_event_id is not None:
             event["client_event_id"] = client_event_id

@@ -37,6 +37,8 @@ class LiveConnection:
         self.close_code, self.close_reason = CLOSE_NORMAL, ""
 
     def _feed_core(self) -> None:
+        if self.live.overflow:
+            raise _Refused(CLOSE_POLICY, f"client is not reading: over {self.live.limits.max_queued_events} events queued")
         if self.runner is None and self.live.core_session is not None:
             self._open_core()
         if self.runner is not None:

@@ -71,6 +71,8 @@ class LiveCall(Call):
             self.runner.feed_event(event)
         for event in self.live.events_to_send():
             self._send(event)
+        if self.live.overflow:
+            self.finish(f"client is not reading: over {self.live.limits.max_queued_events} events queued")
 
     def _on_message(self, message: str | bytes) -> None:
         if self.ended.is_set() or not self.admitted.is_set():

@@ -159,3 +159,10 @@ def test_commentary_refused_as_busy_waits_then_goes():
     assert live.core_events() == [] and not [e for e in live.events_to_send() if e["type"] == "error"]
     live.receive_core([{"type": "response.done", "response": {"id": "turn", "output": []}}])
     assert live.core_events() == first
+
+
+def test_events_queued_for_a_client_that_does_not_read_are_capped():
+    live, _ = started(max_queued_events=10)
+    for _ in range(50):
+        live.receive_message("{bad json")
+    assert live.overflow and len(live.events_to_send()) == 10
