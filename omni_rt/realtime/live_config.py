@@ -164,23 +164,80 @@ def parse_voice(voice: Any) -> str | dict[str, str]:
     return voice
 
 
-def parse_delegation(value: Any, param: str, current: str | None = None) -> dict[str, Any]:
-    """``null`` / ``{type: "client"}``. ``current``: the type in force (``session.update`` may omit the type,
-    and may not change it)."""
+def parse_delegation(value: Any, param: str, current: str | None = None,
+                     current_responses: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``null`` / ``{type: "client"}`` / ``{type: "responses", responses: {...}}``. ``current``: the type in force
+    (``session.update`` may omit the type, and may not change it)."""
     if value is None:
         return {"type": "client"}
     deleg = _obj(value, param)
     dtype = deleg.get("type", current)
+    if current is not None and dtype != current:
+        raise ProtocolError("invalid_value", f"{param}.type cannot change after session.start (it is '{current}')", f"{param}.type")
     if dtype == "client":
         known_keys(deleg, ("type", "acknowledgement_delay_ms"), param)
         if deleg.get("acknowledgement_delay_ms") is not None:
             raise ProtocolError("unsupported_value", "acknowledgement_delay_ms is not supported: the voice speaks its own "
                                 "preamble when it delegates", f"{param}.acknowledgement_delay_ms")
         return {"type": "client"}
-    if dtype in ("responses", "decisions"):
-        raise ProtocolError("unsupported_value", f"{dtype} delegation is not supported by this server; use "
-                            "{'type': 'client'} (the client runs the backend and appends its results)", f"{param}.type")
-    raise ProtocolError("invalid_value", f"{param}.type must be 'client'", f"{param}.type")
+    if dtype == "responses":
+        known_keys(deleg, ("type", "responses", "acknowledgement_delay_ms"), param)
+        if deleg.get("acknowledgement_delay_ms") is not None:
+            raise ProtocolError("unsupported_value", "acknowledgement_delay_ms is not supported: the voice speaks its own "
+                                "preamble when it delegates", f"{param}.acknowledgement_delay_ms")
+        return {"type": "responses", "responses": parse_responses(deleg.get("responses"), f"{param}.responses",
+                                                                  current_responses)}
+    if dtype == "decisions":
+        raise ProtocolError("unsupported_value", "decisions delegation is not supported by this server; use "
+                            "{'type': 'client'} or {'type': 'responses'}", f"{param}.type")
+    raise ProtocolError("invalid_value", f"{param}.type must be 'client' or 'responses'", f"{param}.type")
+
+
+RESPONSES_SUPPORTED = ("model", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens")
+# Responses fields this server does not run: refused by name when given a value
+RESPONSES_REFUSED = ("reasoning", "service_tier", "text", "metadata", "prompt_cache_key", "safety_identifier", "store",
+                     "truncation", "temperature", "top_p", "include", "prompt", "background", "max_tool_calls",
+                     "previous_response_id", "conversation", "user", "top_logprobs", "stream_options")
+
+
+def parse_responses(value: Any, param: str, current: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Responses backend's settings (``delegation.responses``); ``current``: those in force, which a sparse
+    ``session.update`` changes field by field (a start must name the ``model``)."""
+    from omni_rt.engine.tools.schema import parse_tool_choice, validate_tools
+
+    given = _obj(value, param)
+    known_keys(given, RESPONSES_SUPPORTED + RESPONSES_REFUSED, param)
+    for key in RESPONSES_REFUSED:
+        if given.get(key) is not None:
+            raise ProtocolError("unsupported_value", f"{param}.{key} is not supported by this server's delegation backend",
+                                f"{param}.{key}")
+    out = dict(current or {"instructions": None, "tools": [], "tool_choice": "auto", "parallel_tool_calls": None,
+                           "max_output_tokens": None})
+    for key in RESPONSES_SUPPORTED:
+        if key in given and given[key] is not None:
+            out[key] = copy.deepcopy(given[key])
+    if not isinstance(out.get("model"), str) or not out["model"] or len(out["model"]) > MAX_MODEL_CHARS:
+        raise ProtocolError("missing_required_parameter" if out.get("model") is None else "invalid_value",
+                            f"{param}.model must name the backend model (1..{MAX_MODEL_CHARS} characters)", f"{param}.model")
+    if out["instructions"] is not None and (not isinstance(out["instructions"], str) or len(out["instructions"]) > MAX_INSTRUCTIONS_CHARS):
+        raise ProtocolError("invalid_value", f"{param}.instructions must be a string of at most {MAX_INSTRUCTIONS_CHARS} characters",
+                            f"{param}.instructions")
+    tools = out["tools"]
+    if not isinstance(tools, list) or any(not isinstance(t, dict) or t.get("type") != "function" for t in tools):
+        raise ProtocolError("unsupported_value", f"{param}.tools: only function tools are supported (no hosted tools)",
+                            f"{param}.tools")
+    try:
+        validate_tools(tools)
+        out["tool_choice"] = parse_tool_choice(out["tool_choice"], tools)
+    except ValueError as exc:
+        raise ProtocolError("invalid_value", str(exc), f"{param}.tools") from None
+    ptc = out["parallel_tool_calls"]
+    if ptc is not None and not isinstance(ptc, bool):
+        raise ProtocolError("invalid_type", f"{param}.parallel_tool_calls must be a boolean", f"{param}.parallel_tool_calls")
+    mot = out["max_output_tokens"]
+    if mot is not None and (isinstance(mot, bool) or not isinstance(mot, int) or not 16 <= mot <= 4096):
+        raise ProtocolError("invalid_value", f"{param}.max_output_tokens must be an integer 16..4096", f"{param}.max_output_tokens")
+    return out
 
 
 def parse_input(items: Any) -> list[dict[str, Any]]:

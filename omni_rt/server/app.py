@@ -246,7 +246,7 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
             return JSONResponse(CallError(status, "invalid_api_key" if status == 401 else "origin_not_allowed", refused).body(), status_code=status)
         try:
             sdp, session = await read_live_offer(request)
-            live = start_live(session, tuple(runtime.config.voices), settings.live_delegation)
+            live = start_live(session, tuple(runtime.config.voices), settings.live_delegation, settings.delegate is not None)
             if len(runtime.sessions) >= settings.max_sessions or runtime.draining:
                 runtime.metrics.connections.labels(surface="live_webrtc", outcome="refused_full").inc()
                 why = "server shutting down" if runtime.draining else f"server full: {settings.max_sessions} sessions"

@@ -19,6 +19,10 @@ Delegation: the voice thinker is given one function, ``delegate_to_backend``; it
 spoken preamble before the call is the session's tool preamble (``omni_rt.engine.tools.preamble``), and the
 client's ``session.commentary.append`` with that delegation id becomes the call's output, which the thinker
 answers from (spoken). Barge-in cancels speech only; an open delegation stays open and a late result is spoken.
+Under Responses delegation the same call becomes a backend request (``take_backend_jobs``; the transport runs it,
+``omni_rt.transports.live_backend``) whose stream comes back through ``receive_backend`` as ``response.event``
+envelopes; its text is spoken as the call's output, its function calls wait for the client's
+``response.item.create`` outputs and ``response.create``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import binascii
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -47,6 +51,30 @@ CLIENT_EVENTS = ("session.start", "session.update", "session.input_audio.append"
 APPEND_KINDS = ("instructions", "thinking", "commentary")
 DELEGATE_TOOL = "delegate_to_backend"
 CORE_EVENT_PREFIX = "live:"  # core event ids carry the client's event id, so a core error names it back
+
+
+MAX_NOTE_CHARS = 4000  # of one turn's transcript kept for the backend
+MAX_TRANSCRIPT_TURNS = 32  # recent turns of both sides handed to a Responses backend
+MAX_BACKEND_RESPONSES = 16  # Responses delegations streaming at once in one session
+
+
+@dataclass
+class BackendJob:
+    """One chat-completions request for the Responses backend (``omni_rt.transports.live_backend``)."""
+
+    response_id: str
+    delegation_id: str
+    body: dict[str, Any]
+
+
+@dataclass
+class _BackendResponse:
+    delegation_id: str
+    messages: list[dict[str, Any]]
+    text: str = ""
+    message_id: str | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,19 +98,25 @@ class LiveLimits:
 class LiveSession:
     def __init__(self, *, voices: tuple[str, ...], delegation_policy: str = "auto", limits: LiveLimits | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 media_track: bool = False) -> None:
+                 media_track: bool = False, responses_backend: bool = False) -> None:
         """``voices``: the preset's (the Live voice name is echoed, the preset's first voice speaks);
         ``delegation_policy``: "auto" (the thinker decides when to delegate), "always" (every user turn is
         delegated), "off" (never); ``clock``: monotonic seconds (tests pass a fake one); ``media_track``: audio
         rides a media track (WebRTC): the session is started by its creation request (``start``), the answer's
         audio goes to the track (``receive_core`` leaves it to the transport), no audio events, and the
-        timeline is the clock's."""
+        timeline is the clock's; ``responses_backend``: the operator named a delegation backend (``--delegate``),
+        so Responses delegation may be asked for (its requests come out of ``take_backend_jobs``)."""
         self.id = new_id("live")
         self.limits = limits or LiveLimits()
         self.voices = voices or ("default",)
         self.delegation_policy = delegation_policy
         self.clock, self.wall = clock, wall
         self.media_track = media_track
+        self.responses_backend = responses_backend
+        self._transcript: deque[list[str]] = deque(maxlen=MAX_TRANSCRIPT_TURNS)  # [role, text] turns, for the backend
+        self._jobs: list[BackendJob] = []  # backend requests for the transport to run
+        self._backend: dict[str, _BackendResponse] = {}  # response id -> its stream state
+        self._calls_waiting: dict[str, dict[str, Any]] = {}  # delegation id -> backend function calls awaiting outputs
         self.state = "new"  # new -> active -> closing -> closed
         self.config: LiveConfig | None = None
         self.core_session: dict[str, Any] | None = None  # the Realtime session payload the core starts with
@@ -203,8 +237,14 @@ class LiveSession:
             elif etype == "session.update":
                 self._update(event, eid)
             elif etype in ("response.item.create", "response.create"):
-                raise ProtocolError("invalid_request_error", f"{etype} requires Responses delegation, which this server does "
-                                    "not run; this session uses client delegation", "type")
+                assert self.config is not None
+                if self.config.delegation["type"] != "responses":
+                    raise ProtocolError("invalid_request_error", f"{etype} requires Responses delegation; this session uses "
+                                        "client delegation", "type")
+                if etype == "response.item.create":
+                    self._item_create(event, eid)
+                else:
+                    self._continue(event, eid)
             elif etype == "session.close":
                 known_keys(event, ("type", "event_id"), "session.close")
                 self.state, self._close_started, self._close_event_id = "closing", self.clock(), eid
@@ -223,6 +263,9 @@ class LiveSession:
             raise ProtocolError("session_already_started", "session.start may be sent once per connection", "type")
         known_keys(event, ("type", "event_id", "session"), "session.start")
         cfg = LiveConfig.parse(event.get("session"))
+        if cfg.delegation["type"] == "responses" and not self.responses_backend:
+            raise ProtocolError("unsupported_value", "responses delegation needs a backend: this server was started "
+                                "without --delegate URL", "session.delegation.type")
         self.config = cfg
         self._base_instructions = cfg.instructions or SessionConfig().instructions
         self._in_rate = self._out_rate = cfg.rate
@@ -265,7 +308,9 @@ class LiveSession:
                                     f"session.{str(key)[:40]} cannot change after session.start; session.update changes "
                                     "'delegation' only", f"session.{str(key)[:40]}")
         assert self.config is not None
-        self.config.delegation = parse_delegation(session.get("delegation"), "session.delegation", current="client")
+        current = self.config.delegation
+        self.config.delegation = parse_delegation(session.get("delegation"), "session.delegation", current=current["type"],
+                                                  current_responses=current.get("responses"))
         self._send({"type": "session.updated", "session": self.resource()}, eid)
 
     def _append_audio(self, event: dict[str, Any], eid: str | None) -> None:
@@ -382,6 +427,7 @@ class LiveSession:
         elif et == "response.output_audio_transcript.delta":
             if self.media_track:  # the track plays it about now
                 now = self.now_ms()
+                self._note("assistant", ev["delta"])
                 self._send({"type": "session.output_transcript.delta", "delta": ev["delta"], "start_ms": now, "end_ms": now})
                 return
             pos = self._out_sent + len(self._out_buf) // self._bps
@@ -421,9 +467,17 @@ class LiveSession:
             self._input_text(rest)
         self._in_sent = ""
 
+    def _note(self, role: str, text: str) -> None:
+        """The conversation as both sides' transcripts, for a Responses backend (consecutive deltas join)."""
+        if self._transcript and self._transcript[-1][0] == role:
+            self._transcript[-1][1] = (self._transcript[-1][1] + text)[-MAX_NOTE_CHARS:]
+        elif text.strip():
+            self._transcript.append([role, text.lstrip()[-MAX_NOTE_CHARS:]])
+
     def _input_text(self, delta: str) -> None:
         if not delta:
             return
+        self._note("user", delta)
         self._in_sent += delta
         start = self._input_end_ms if self._input_end_ms else self._turn_start_ms
         end = max(start, self._in_ms())
@@ -436,8 +490,151 @@ class LiveSession:
                 del self._delegations[did]
         did = new_id("del")
         self._delegations[did] = call_id
+        assert self.config is not None
+        if self.config.delegation["type"] != "responses":
+            self._send({"type": "session.delegation.created", "offset_ms": self.now_ms(),
+                        "delegation": {"id": did, "type": "delegation", "target": "client"}})
+            return
+        settings = self.config.delegation["responses"]
+        messages: list[dict[str, Any]] = []
+        if settings.get("instructions"):
+            messages.append({"role": "system", "content": settings["instructions"]})
+        messages += [{"role": role, "content": text.strip()} for role, text in self._transcript if text.strip()]
+        if not messages or messages[-1]["role"] != "user":
+            messages.append({"role": "user", "content": "(the user's request, as heard above)"})
+        try:
+            rid = self._backend_request(did, messages)
+        except ProtocolError as exc:
+            log.info("live session %s: delegation not started: %s", self.id, exc.message)
+            self._speak_result(did, "I cannot take on another request right now.")
+            return
         self._send({"type": "session.delegation.created", "offset_ms": self.now_ms(),
-                    "delegation": {"id": did, "type": "delegation", "target": "client"}})
+                    "delegation": {"id": did, "type": "delegation", "target": "responses", "response_id": rid}})
+        self._response_event(rid, {"type": "response.created", "response": self._snapshot(rid, "in_progress")})
+
+    # ---- Responses delegation ------------------------------------------------------------------------
+    def take_backend_jobs(self) -> list[BackendJob]:
+        out, self._jobs = self._jobs, []
+        return out
+
+    def _backend_request(self, did: str, messages: list[dict[str, Any]]) -> str:
+        assert self.config is not None
+        settings = self.config.delegation["responses"]
+        if len(self._backend) >= MAX_BACKEND_RESPONSES:
+            raise ProtocolError("too_many_pending", f"at most {MAX_BACKEND_RESPONSES} delegated responses may run at once")
+        rid = new_id("resp")
+        body: dict[str, Any] = {"model": settings["model"], "messages": messages}
+        if settings["tools"]:
+            body["tools"] = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
+                             for t in settings["tools"]]
+            choice = settings["tool_choice"]
+            body["tool_choice"] = ({"type": "function", "function": {"name": choice["name"]}} if isinstance(choice, dict) else choice)
+            if settings.get("parallel_tool_calls") is not None:
+                body["parallel_tool_calls"] = settings["parallel_tool_calls"]
+        if settings.get("max_output_tokens"):
+            body["max_tokens"] = settings["max_output_tokens"]
+        self._backend[rid] = _BackendResponse(did, messages)
+        self._jobs.append(BackendJob(rid, did, body))
+        return rid
+
+    def _snapshot(self, rid: str, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A reduced response object, as Live sends its lifecycle events (output, tools, input left out)."""
+        assert self.config is not None
+        snap: dict[str, Any] = {"id": rid, "object": "response", "status": status, "model": self.config.delegation["responses"]["model"],
+                                "output": [], "created_at": int(self.wall())}
+        if error is not None:
+            snap["error"] = error
+        return snap
+
+    def _response_event(self, rid: str, event: dict[str, Any]) -> None:
+        state = self._backend.get(rid)
+        if state is None:
+            return
+        state.seq += 1
+        self._send({"type": "response.event", "delegation_id": state.delegation_id,
+                    "event": {**event, "sequence_number": state.seq}})
+
+    def receive_backend(self, rid: str, kind: str, data: Any) -> None:
+        """The backend's stream for response ``rid``: ``text`` deltas, finished ``tool_call``s, ``done``, ``error``."""
+        state = self._backend.get(rid)
+        if state is None or self.state == "closed":
+            return
+        if kind == "text":
+            if state.message_id is None:
+                state.message_id = new_id("msg")
+                self._response_event(rid, {"type": "response.output_item.added", "output_index": 0, "item": {
+                    "id": state.message_id, "type": "message", "role": "assistant", "status": "in_progress", "content": []}})
+            state.text += data
+            self._response_event(rid, {"type": "response.output_text.delta", "item_id": state.message_id, "output_index": 0,
+                                       "content_index": 0, "delta": data})
+        elif kind == "tool_call":
+            item = {"id": new_id("fc"), "type": "function_call", "status": "completed", "call_id": data["id"] or new_id("call"),
+                    "name": data["name"], "arguments": data["arguments"]}
+            state.calls.append(item)
+            self._response_event(rid, {"type": "response.output_item.done", "output_index": len(state.calls), "item": item})
+        elif kind == "done":
+            if state.message_id is not None:
+                self._response_event(rid, {"type": "response.output_text.done", "item_id": state.message_id, "output_index": 0,
+                                           "content_index": 0, "text": state.text})
+                self._response_event(rid, {"type": "response.output_item.done", "output_index": 0, "item": {
+                    "id": state.message_id, "type": "message", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": state.text, "annotations": []}]}})
+            self._response_event(rid, {"type": "response.completed", "response": self._snapshot(rid, "completed")})
+            self._backend.pop(rid, None)
+            if state.calls:  # the client runs them: response.item.create (outputs) then response.create
+                self._calls_waiting[state.delegation_id] = {
+                    "messages": state.messages + [{"role": "assistant", "content": state.text or None, "tool_calls": [
+                        {"id": c["call_id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                        for c in state.calls]}],
+                    "outputs": {c["call_id"]: None for c in state.calls}}
+            elif state.text.strip():
+                self._speak_result(state.delegation_id, state.text.strip())
+        elif kind == "error":
+            self._response_event(rid, {"type": "response.failed", "response": self._snapshot(
+                rid, "failed", {"code": "server_error", "message": str(data)})})
+            self._backend.pop(rid, None)
+            self._speak_result(state.delegation_id, "The request could not be completed.")
+
+    def _speak_result(self, did: str, text: str) -> None:
+        if len(text) > self.limits.max_append_chars:
+            text = text[: self.limits.max_append_chars]
+        try:
+            self._add_result(did, text, None, background=False)
+        except ProtocolError as exc:  # too many waiting to be spoken: said later is better than lost, but capped
+            log.info("live session %s: backend result not spoken: %s", self.id, exc.message)
+
+    def _item_create(self, event: dict[str, Any], eid: str | None) -> None:
+        known_keys(event, ("type", "event_id", "item"), "response.item.create")
+        item = event.get("item")
+        if not isinstance(item, dict) or item.get("type") != "function_call_output":
+            raise ProtocolError("unsupported_value", "response.item.create takes a function_call_output item here", "item.type")
+        known_keys(item, ("type", "call_id", "output", "id", "status"), "item")
+        call_id, output = item.get("call_id"), item.get("output")
+        if not isinstance(output, str) or len(output) > self.limits.max_append_chars * 4:
+            raise ProtocolError("invalid_value", f"item.output must be a string of at most {self.limits.max_append_chars * 4} "
+                                "characters", "item.output")
+        for waiting in self._calls_waiting.values():
+            if call_id in waiting["outputs"]:
+                if waiting["outputs"][call_id] is not None:
+                    raise ProtocolError("invalid_value", f"call {str(call_id)[:64]!r} already has its output", "item.call_id")
+                waiting["outputs"][call_id] = output
+                return
+        raise ProtocolError("invalid_value", f"no open function call {str(call_id)[:64]!r}", "item.call_id")
+
+    def _continue(self, event: dict[str, Any], eid: str | None) -> None:
+        known_keys(event, ("type", "event_id", "response"), "response.create")
+        ready = [did for did, w in self._calls_waiting.items() if all(o is not None for o in w["outputs"].values())]
+        if not ready:
+            if self._calls_waiting:
+                raise ProtocolError("function_call_outputs_required", "every open function call needs its "
+                                    "function_call_output before response.create", "type")
+            raise ProtocolError("invalid_request_error", "no delegated response is waiting for function call outputs", "type")
+        did = ready[0]
+        waiting = self._calls_waiting.pop(did)
+        messages = waiting["messages"] + [{"role": "tool", "tool_call_id": cid, "content": out}
+                                          for cid, out in waiting["outputs"].items()]
+        rid = self._backend_request(did, messages)
+        self._response_event(rid, {"type": "response.created", "response": self._snapshot(rid, "in_progress")})
 
     def _core_error(self, err: dict[str, Any]) -> None:
         eid = err.get("event_id")
@@ -502,6 +699,7 @@ class LiveSession:
             self._send({"type": "session.output_audio.delta", "delta": base64.b64encode(chunk).decode("ascii")})
         while self._out_text and self._out_text[0][0] <= self._out_sent:
             pos, text = self._out_text.popleft()
+            self._note("assistant", text)
             end = self._out_text[0][0] if self._out_text else self._out_sent + len(self._out_buf) // self._bps
             start_ms = int(pos * 1000 / self._out_rate)
             self._send({"type": "session.output_transcript.delta", "delta": text, "start_ms": start_ms,

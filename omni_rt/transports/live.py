@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from omni_rt.session.live import LiveSession
+from omni_rt.transports.live_backend import BackendTasks
 from omni_rt.transports.host import new_session
 from omni_rt.transports.runner import SessionRunner
 from omni_rt.transports.websocket import CLOSE_FULL, CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, safe_reason
@@ -32,7 +33,10 @@ log = logging.getLogger("omni_rt.live")
 class LiveConnection:
     def __init__(self, ws: WebSocket, runtime: "TransportHost", delegation_policy: str) -> None:
         self.ws, self.runtime = ws, runtime
-        self.live = LiveSession(voices=tuple(runtime.config.voices), delegation_policy=delegation_policy)
+        url = getattr(runtime.settings, "delegate", None)
+        self.live = LiveSession(voices=tuple(runtime.config.voices), delegation_policy=delegation_policy,
+                                responses_backend=url is not None)
+        self.backend = BackendTasks(url, getattr(runtime.settings, "delegate_api_key", None), self._deliver)
         self.runner: SessionRunner | None = None
         self.close_code, self.close_reason = CLOSE_NORMAL, ""
 
@@ -44,6 +48,12 @@ class LiveConnection:
         if self.runner is not None:
             for event in self.live.core_events():
                 self.runner.feed_event(event)
+        self.backend.start(self.live.take_backend_jobs())
+
+    def _deliver(self, response_id: str, kind: str, data: object) -> None:
+        self.live.receive_backend(response_id, kind, data)
+        with contextlib.suppress(_Refused):  # an overflow is seen by the sender's next turn
+            self._feed_core()
 
     def _open_core(self) -> None:
         rt, cfg = self.runtime, self.live.config
@@ -129,6 +139,7 @@ class LiveConnection:
         finally:
             receiver.cancel()
             sender.cancel()
+            self.backend.close()
             if self.runner is not None:
                 await self.runner.close()
                 self.runtime.sessions.discard(self.runner)

@@ -17,6 +17,7 @@ from typing import Any
 
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.session.live import LiveSession
+from omni_rt.transports.live_backend import BackendTasks
 from omni_rt.transports.webrtc import Call
 from omni_rt.transports.webrtc_offer import MAX_SDP_BYTES, MAX_SESSION_BYTES, CallError
 
@@ -49,9 +50,9 @@ async def read_live_offer(request: Any) -> tuple[str, Any]:
     return sdp, body.get("session")
 
 
-def start_live(session: Any, voices: tuple[str, ...], delegation_policy: str) -> LiveSession:
+def start_live(session: Any, voices: tuple[str, ...], delegation_policy: str, responses_backend: bool = False) -> LiveSession:
     """The Live session of a creation request, started; a bad session object is a 400 naming the field."""
-    live = LiveSession(voices=voices, delegation_policy=delegation_policy, media_track=True)
+    live = LiveSession(voices=voices, delegation_policy=delegation_policy, media_track=True, responses_backend=responses_backend)
     try:
         live.start(session)
     except ProtocolError as exc:
@@ -65,12 +66,21 @@ class LiveCall(Call):
     def __init__(self, host: Any, runner: Any, registry: Any, client: str, *, live: LiveSession) -> None:
         super().__init__(host, runner, registry, client)
         self.live = live
+        settings = host.settings
+        self.backend = BackendTasks(getattr(settings, "delegate", None), getattr(settings, "delegate_api_key", None),
+                                    self._deliver)
+
+    def _deliver(self, response_id: str, kind: str, data: Any) -> None:
+        self.live.receive_backend(response_id, kind, data)
+        self._flush_live()
 
     def _flush_live(self) -> None:
         for event in self.live.core_events():
             self.runner.feed_event(event)
         for event in self.live.events_to_send():
             self._send(event)
+        if not self.ended.is_set():
+            self.backend.start(self.live.take_backend_jobs())
         if self.live.overflow:
             self.finish(f"client is not reading: over {self.live.limits.max_queued_events} events queued")
 
@@ -106,6 +116,10 @@ class LiveCall(Call):
             self._clear_audio()  # barge-in: the Live session always interrupts
         elif etype == "response.done" and event.get("response", {}).get("status") == "cancelled":
             self._clear_audio()
+
+    def finish(self, reason: str) -> None:
+        self.backend.close()
+        super().finish(reason)
 
     async def _pump(self) -> None:
         await self.channel_open.wait()
