@@ -23,7 +23,7 @@ from omni_rt.server.runtime import Runtime
 from omni_rt.server.settings import ServerSettings
 from omni_rt.transports.host import new_session
 from omni_rt.transports.runner import SessionRunner
-from omni_rt.transports.live import live_endpoint
+from omni_rt.transports.live import LiveRegistry, live_endpoint
 from omni_rt.transports.live_webrtc import LiveCall, read_live_offer, start_live
 from omni_rt.transports.twilio import twilio_endpoint
 from omni_rt.transports.webrtc import CallError, CallRegistry, read_offer
@@ -132,6 +132,7 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
             await shutdown(runtime)
 
     calls = CallRegistry(runtime)  # WebRTC calls and the pool of those connecting (omni_rt.transports.webrtc)
+    live_registry = LiveRegistry()  # GPT-Live sessions by id, for their /attach sidebands
     app = FastAPI(title="omni-rt", lifespan=lifespan)
     app.state.calls = calls
     app.state.runtime = runtime
@@ -232,7 +233,14 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
         """GPT-Live over WebSocket (omni_rt.transports.live): the Live protocol over the same session core."""
         if not await admit(ws, runtime, "live"):
             return
-        await live_endpoint(ws, runtime, settings.live_delegation)
+        await live_endpoint(ws, runtime, settings.live_delegation, live_registry)
+
+    @app.websocket("/v1/live/sessions/{session_id}/attach")
+    async def live_attach(ws: WebSocket, session_id: str) -> None:
+        """A sideband controller of a running Live session (WebSocket or WebRTC): its events, its commands."""
+        if not await admit(ws, runtime, "live_sideband", new_session=False):
+            return
+        await live_registry.attach(session_id, ws)
 
     @app.post("/v1/live/sessions")
     async def create_live_session(request: Request) -> Response:
@@ -253,7 +261,7 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
                 raise CallError(503, "server_full", why)
             client = request.client.host if request.client is not None else "unknown"
             call = await calls.create(sdp, live.core_session, live.config.model if live.config else None, client,
-                                      call_type=lambda *a: LiveCall(*a, live=live))
+                                      call_type=lambda *a: LiveCall(*a, live=live, live_registry=live_registry))
         except CallError as exc:
             return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
         runtime.metrics.connections.labels(surface="live_webrtc", outcome="accepted").inc()

@@ -196,15 +196,17 @@ class LiveSession:
         return round(max(0.0, self.clock() - self._t0), 3) if self.state != "new" else 0.0
 
     # ---- client events -------------------------------------------------------------------------------
-    def receive_message(self, raw: str | bytes) -> None:
+    def receive_message(self, raw: str | bytes, sideband: bool = False) -> None:
+        """``sideband``: from a ``/attach`` controller, which may send every client event but ``session.start``
+        and ``session.input_audio.append``."""
         try:
             event = parse_client_message(raw)
         except ProtocolError as exc:
             self.send_error(exc, event_id_of(raw))
             return
-        self.receive_event(event)
+        self.receive_event(event, sideband)
 
-    def receive_event(self, event: dict[str, Any]) -> None:
+    def receive_event(self, event: dict[str, Any], sideband: bool = False) -> None:
         eid = event.get("event_id")
         eid = eid if isinstance(eid, str) and len(eid) <= 128 else None
         try:
@@ -213,6 +215,8 @@ class LiveSession:
                 return
             if etype not in CLIENT_EVENTS:
                 raise ProtocolError("unknown_event", f"unknown event type '{etype[:64]}'; supported: {', '.join(CLIENT_EVENTS)}", "type")
+            if sideband and etype in ("session.start", "session.input_audio.append"):
+                raise ProtocolError("invalid_request_error", f"a sideband connection cannot send {etype}", "type")
             if etype == "session.start":
                 if self.media_track:
                     raise ProtocolError("invalid_request_error", "this session was started by its creation request; "

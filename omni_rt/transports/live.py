@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -30,9 +30,78 @@ if TYPE_CHECKING:
 log = logging.getLogger("omni_rt.live")
 
 
+MAX_SIDEBAND_EVENTS = 4096  # events queued for a sideband controller that does not read (then it is dropped)
+
+
+class LiveRegistry:
+    """The Live sessions of this server by id, for their ``/attach`` sidebands. An entry has ``sidebands`` (a set
+    of queues every server event is copied to), ``ended`` (an ``asyncio.Event``) and ``sideband_message(raw)``."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, Any] = {}
+
+    async def attach(self, session_id: str, ws: WebSocket) -> None:
+        entry = self.sessions.get(session_id)
+        if entry is None:
+            await ws.close(code=CLOSE_POLICY, reason="unknown session id")
+            return
+        await serve_sideband(ws, entry)
+
+
+def fan_out(sidebands: set[asyncio.Queue], event: dict[str, Any]) -> None:
+    for queue in list(sidebands):
+        if queue.full():  # a controller that stopped reading is dropped; the session goes on
+            sidebands.discard(queue)
+        else:
+            queue.put_nowait(event)
+
+
+async def serve_sideband(ws: WebSocket, entry: Any) -> None:
+    """A server-side controller: it receives every event the session's client gets and its client events drive
+    the same session, until either side leaves."""
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=MAX_SIDEBAND_EVENTS)
+    entry.sidebands.add(queue)
+
+    async def send() -> None:
+        while True:
+            await ws.send_json(await queue.get())
+
+    async def receive() -> None:
+        while True:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return
+            data = msg.get("text") if msg.get("text") is not None else msg.get("bytes")
+            if data is not None and not entry.ended.is_set():
+                entry.sideband_message(data)
+
+    tasks = [asyncio.create_task(send()), asyncio.create_task(receive()), asyncio.create_task(entry.ended.wait())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if entry.ended.is_set():  # the session's last events (session.closed) first
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(_drain(ws, queue), timeout=2.0)
+    finally:
+        entry.sidebands.discard(queue)
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await ws.close(code=CLOSE_POLICY if queue.full() else CLOSE_NORMAL,
+                           reason="sideband not reading" if queue.full() else "session ended" if entry.ended.is_set() else "")
+
+
+async def _drain(ws: WebSocket, queue: asyncio.Queue) -> None:
+    while not queue.empty():
+        await ws.send_json(queue.get_nowait())
+
+
 class LiveConnection:
-    def __init__(self, ws: WebSocket, runtime: "TransportHost", delegation_policy: str) -> None:
+    def __init__(self, ws: WebSocket, runtime: "TransportHost", delegation_policy: str,
+                 registry: LiveRegistry | None = None) -> None:
         self.ws, self.runtime = ws, runtime
+        self.registry = registry
+        self.sidebands: set[asyncio.Queue] = set()
+        self.ended = asyncio.Event()
         url = getattr(runtime.settings, "delegate", None)
         self.live = LiveSession(voices=tuple(runtime.config.voices), delegation_policy=delegation_policy,
                                 responses_backend=url is not None)
@@ -50,6 +119,11 @@ class LiveConnection:
                 self.runner.feed_event(event)
         self.backend.start(self.live.take_backend_jobs())
 
+    def sideband_message(self, raw: str | bytes) -> None:
+        self.live.receive_message(raw, sideband=True)
+        with contextlib.suppress(_Refused):
+            self._feed_core()
+
     def _deliver(self, response_id: str, kind: str, data: object) -> None:
         self.live.receive_backend(response_id, kind, data)
         with contextlib.suppress(_Refused):  # an overflow is seen by the sender's next turn
@@ -64,6 +138,8 @@ class LiveConnection:
         self.runner = SessionRunner(rt, new_session(rt, cfg.model, session=self.live.core_session), "live")
         rt.sessions.add(self.runner)
         rt.metrics.sessions.inc()
+        if self.registry is not None:
+            self.registry.sessions[self.live.id] = self
         self.runner.open()
         self.runner.session.events_to_send()  # session.created: the Live session.started stands for it
 
@@ -105,6 +181,7 @@ class LiveConnection:
                 self.live.tick()
                 self._feed_core()
             for event in self.live.events_to_send():
+                fan_out(self.sidebands, event)
                 try:
                     await asyncio.wait_for(self.ws.send_json(event), timeout=timeout)
                 except asyncio.TimeoutError:
@@ -140,6 +217,9 @@ class LiveConnection:
             receiver.cancel()
             sender.cancel()
             self.backend.close()
+            self.ended.set()
+            if self.registry is not None:
+                self.registry.sessions.pop(self.live.id, None)
             if self.runner is not None:
                 await self.runner.close()
                 self.runtime.sessions.discard(self.runner)
@@ -156,6 +236,7 @@ class _Refused(Exception):
         self.code, self.reason = code, reason
 
 
-async def live_endpoint(ws: WebSocket, runtime: "TransportHost", delegation_policy: str = "off") -> None:
+async def live_endpoint(ws: WebSocket, runtime: "TransportHost", delegation_policy: str = "off",
+                        registry: LiveRegistry | None = None) -> None:
     """Serve one ``/v1/live/sessions`` connection (already admitted: auth, origin, capacity)."""
-    await LiveConnection(ws, runtime, delegation_policy).serve()
+    await LiveConnection(ws, runtime, delegation_policy, registry).serve()

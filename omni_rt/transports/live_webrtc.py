@@ -63,9 +63,15 @@ def start_live(session: Any, voices: tuple[str, ...], delegation_policy: str, re
 class LiveCall(Call):
     """A WebRTC call whose data channel speaks GPT-Live."""
 
-    def __init__(self, host: Any, runner: Any, registry: Any, client: str, *, live: LiveSession) -> None:
+    def __init__(self, host: Any, runner: Any, registry: Any, client: str, *, live: LiveSession,
+                 live_registry: Any = None) -> None:
+        """``live_registry``: the server's ``LiveRegistry`` (``omni_rt.transports.live``), for ``/attach``."""
         super().__init__(host, runner, registry, client)
         self.live = live
+        self.sidebands = self._sidebands  # the call's fan-out: every event sent also goes to its controllers
+        if live_registry is not None:
+            live_registry.sessions[live.id] = self
+            self._live_registry = live_registry
         settings = host.settings
         self.backend = BackendTasks(getattr(settings, "delegate", None), getattr(settings, "delegate_api_key", None),
                                     self._deliver)
@@ -119,7 +125,15 @@ class LiveCall(Call):
 
     def finish(self, reason: str) -> None:
         self.backend.close()
+        registry = getattr(self, "_live_registry", None)
+        if registry is not None:
+            registry.sessions.pop(self.live.id, None)
         super().finish(reason)
+
+    def sideband_message(self, raw: str | bytes) -> None:
+        if self.admitted.is_set():
+            self.live.receive_message(raw, sideband=True)
+            self._flush_live()
 
     async def _pump(self) -> None:
         await self.channel_open.wait()

@@ -290,6 +290,35 @@ async def test_bad_input_gets_errors_and_session_lives(live_server):
         await ws.close()
 
 
+async def test_sideband_attach_sees_and_drives_the_session(live_server):
+    ws, live = await open_live(live_server)
+    sid = live.of("session.started")[0]["session"]["id"]
+    try:
+        with pytest.raises(websockets.exceptions.ConnectionClosed) as info:
+            async with websockets.connect(f"{live_server.ws_url}/v1/live/sessions/live_nope/attach", open_timeout=30) as bad:
+                await bad.recv()
+        assert info.value.rcvd.code == 1008
+        side_ws = await websockets.connect(f"{live_server.ws_url}/v1/live/sessions/{sid}/attach?graceful_close=true",
+                                           max_size=None, open_timeout=30)
+        side = Live(side_ws)
+        await asyncio.sleep(0.3)
+        await live.send({"type": "session.input_audio.mute", "event_id": "m"})
+        assert (await side.wait_for("session.input_audio.muted"))["client_event_id"] == "m"  # it sees the session
+        await side.send({"type": "session.input_audio.append", "event_id": "sa", "audio": SILENCE_40MS})
+        err = await side.wait_for("error", lambda e: e.get("client_event_id") == "sa")
+        assert err["error"]["code"] == "invalid_request_error"
+        await side.send({"type": "session.commentary.append", "event_id": "sc", "content": "Welcome back!", "delegation_id": None})
+        ack = await live.wait_for("session.commentary.appended")  # it drives it: the primary hears the greeting
+        assert ack["client_event_id"] == "sc"
+        await live.wait_for("session.output_transcript.delta", timeout=60)
+        await live.send({"type": "session.close"})
+        assert (await side.wait_for("session.closed", timeout=20))["reason"] == "close_requested"
+        await asyncio.wait_for(side.reader, timeout=5)
+        assert side_ws.close_code == 1000
+    finally:
+        await ws.close()
+
+
 async def test_auth_like_realtime(tmp_path_factory):
     from servers import start_server, stop_server
 

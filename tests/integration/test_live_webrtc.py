@@ -73,3 +73,30 @@ async def test_bad_live_offer_is_a_clear_400(live_server):
             resp = await http.post(url, json=body)
             assert resp.status_code == 400, resp.text
             assert resp.json()["error"]["param"] == param
+
+
+async def test_sideband_attach_to_a_live_webrtc_call(live_server):
+    import json
+
+    import websockets
+
+    call = RealtimeCall(live_server.http_url)
+    resp = await call.connect({"model": "gpt-live-1"}, body="live")
+    assert resp.status_code == 200, resp.text
+    sid = resp.json()["session"]["id"]
+    try:
+        await call.next_event("session.started")
+        async with websockets.connect(f"{live_server.ws_url}/v1/live/sessions/{sid}/attach", open_timeout=30) as side:
+            await asyncio.sleep(0.3)
+            await side.send(json.dumps({"type": "session.instructions.append", "event_id": "si", "content": "Be brief.",
+                                        "delegation_id": None}))
+            ack = await call.next_event("session.instructions.appended", 10)  # the browser's channel sees it
+            assert ack["client_event_id"] == "si"
+            seen = []
+            while not seen or seen[-1]["type"] != "session.instructions.appended":
+                seen.append(json.loads(await asyncio.wait_for(side.recv(), 10)))  # and so does the controller
+            call.send({"type": "session.close"})
+            while seen[-1]["type"] != "session.closed":
+                seen.append(json.loads(await asyncio.wait_for(side.recv(), 20)))
+    finally:
+        await call.close()
