@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("latency_bench.engine_bench", "AR engine: tokens/s, TTFT, ms/step at 1/4/8 requests (torch, llama.cpp)"),
     "gpu": ("latency_bench.gpu", "the GPU preset on random weights of the real shapes (--smoke: on CPU, tiny)"),
     "webrtc": ("latency_bench.webrtc_bench", "WebRTC vs WebSocket in one run: V2V and TTFA at 1 and 4 sessions"),
+    "live": ("latency_bench.live_bench", "GPT-Live vs Realtime in one run: V2V at 1 and 4 sessions, answers per turn"),
     "tools": ("latency_bench.tools_bench", "a 3 s tool call: first audio, dead air, answer using the result, preamble on/off"),
 }
 # parts of ``stages`` that run alone: ``python -m latency_bench stages PART``

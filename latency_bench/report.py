@@ -22,7 +22,7 @@ DOCS_INDEX = ROOT / "docs" / "benchmarks" / "index.md"
 # the pages beside index.md, one per topic, that hold each topic's history
 TOPIC_PAGES = [("concurrency", "concurrency.md"), ("turn taking", "turn-taking.md"), ("soak", "soak.md"),
                ("WebRTC", "webrtc.md"), ("answer quality", "quality.md"), ("engine", "engine.md"), ("GPU", "gpu.md"),
-               ("tools", "tools.md")]
+               ("tools", "tools.md"), ("GPT-Live", "gpt-live.md")]
 
 # (key in a turn record, label in tables) — every value is in milliseconds unless the label says otherwise.
 METRICS: list[tuple[str, str]] = [

@@ -34,6 +34,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="do not start answers during the end-of-turn silence (for comparisons)")
     serve.add_argument("--tool-preamble", choices=["auto", "off"], default=None,
                        help="say a short phrase before a tool call the model wrote no words for (default auto)")
+    serve.add_argument("--live-delegation", choices=["auto", "always", "off"], default=None,
+                       help="GPT-Live (/v1/live/sessions): when the voice delegates a user turn to the client's "
+                       "backend: the thinker decides (auto), every turn (always), never (off, default)")
+    serve.add_argument("--delegate", default=None, metavar="URL",
+                       help="GPT-Live Responses delegation: http(s)://HOST:PORT/v1 of an OpenAI-compatible server "
+                       "(key in OMNI_RT_DELEGATE_API_KEY)")
     serve.add_argument("--webrtc-host", action="append", default=None, dest="webrtc_hosts", metavar="IP",
                        help="bind WebRTC calls' UDP sockets on this address and offer it as their ICE candidate "
                        "(repeat for more; default: every interface address but loopback). 127.0.0.1: local only")

@@ -146,6 +146,19 @@ function realtimeUrl(token) {
   return u;
 }
 
+function liveUrl(token) {
+  // ?live=ws://host:port/v1/live/sessions points the page's GPT-Live mode at another server.
+  let url = new URLSearchParams(location.search).get('live');
+  if (!url) {
+    const u = new URL('../v1/live/sessions', import.meta.url);
+    u.protocol = u.protocol === 'https:' ? 'wss:' : 'ws:';
+    url = u.href;
+  }
+  const u = new URL(url, location.href);
+  if (token) u.searchParams.set('token', token);
+  return u;
+}
+
 function callsUrl() {
   // ?calls=http://host:port/v1/realtime/calls points the page at another server.
   const given = new URLSearchParams(location.search).get('calls');
@@ -153,9 +166,9 @@ function callsUrl() {
 }
 
 function showTransport(kind, phase) {
-  const name = kind === 'webrtc' ? 'WebRTC' : 'WebSocket';
+  const name = kind === 'webrtc' ? 'WebRTC' : kind === 'live' ? 'GPT-Live' : 'WebSocket';
   ui.liveTransport.textContent = phase === 'live' ? `${name} live` : phase === 'connecting' ? `${name}…` : '';
-  ui.liveTransport.dataset.kind = phase === 'live' ? kind : '';
+  ui.liveTransport.dataset.kind = phase === 'live' ? (kind === 'live' ? 'websocket' : kind) : '';
 }
 
 function median(xs) {
@@ -868,8 +881,124 @@ class RtcSession extends Session {
   }
 }
 
+// The GPT-Live protocol on WS /v1/live/sessions: session.start, the microphone as session.input_audio.append,
+// one continuous output stream (session.output_audio.delta, zeros between answers) into the same playback
+// worklet, transcripts as deltas with timings. The server decides turns and barge-in: nothing to truncate here.
+const LIVE_TURN_GAP_MS = 800; // transcript deltas further apart than this start a new bubble
+class LiveWsSession extends Session {
+  constructor(token) {
+    super(token);
+    this.transport = 'live';
+    this.turn = { user: null, assistant: null };
+    this.lastDelta = { user: 0, assistant: 0 };
+    this.turns = 0;
+  }
+
+  async start() {
+    await super.start();
+    stats.transport = 'live';
+  }
+
+  openSocket() {
+    let url;
+    try {
+      url = liveUrl(this.token);
+    } catch (e) {
+      throw new ClientError(`Bad server address: ${e.message}`);
+    }
+    this.url = url;
+    const ws = new WebSocket(url.href);
+    this.ws = ws;
+    ws.onopen = () => {
+      this.send({ type: 'session.start', session: { model: 'gpt-live-1' } });
+    };
+    ws.onmessage = (e) => this.receive(e.data);
+    ws.onerror = () => {};
+    ws.onclose = (e) => this.onClose(e);
+  }
+
+  onMic(msg) {
+    if (msg.type !== 'audio') return;
+    stats.micChunks++;
+    if (++this.levelTick % 2 === 0) {
+      const level = this.muted ? 0 : Math.min(1, Math.sqrt(msg.rms) * 2.2);
+      ui.level.style.width = `${Math.round(level * 100)}%`;
+    }
+    if (!this.opened || this.closed || this.ws.bufferedAmount > 1 << 20) return;
+    const b64 = bytesToBase64(new Uint8Array(msg.pcm.buffer, msg.pcm.byteOffset, msg.pcm.byteLength));
+    this.send({ type: 'session.input_audio.append', audio: b64 }); // muted: the server hears silence
+  }
+
+  setMuted(muted) {
+    super.setMuted(muted);
+    this.send({ type: muted ? 'session.input_audio.mute' : 'session.input_audio.unmute' });
+  }
+
+  transcript(role, delta) {
+    const now = performance.now();
+    if (!this.turn[role] || now - this.lastDelta[role] > LIVE_TURN_GAP_MS) {
+      this.turn[role] = `live_${role}_${++this.turns}`;
+      if (role === 'assistant' && this.turn.user) {
+        const b = bubbles.get(this.turn.user);
+        if (b) stats.userTranscripts.push(b.text.trim());
+      }
+    }
+    this.lastDelta[role] = now;
+    const b = bubble(this.turn[role], role);
+    setBubbleText(b, b.text + delta);
+    if (role === 'assistant') stats.assistantTranscripts[this.turns] = b.text;
+    ui.activity.textContent = role === 'user' ? 'you are speaking' : 'assistant speaking';
+  }
+
+  onEvent(ev) {
+    stats.received[ev.type] = (stats.received[ev.type] || 0) + 1;
+    switch (ev.type) {
+      case 'session.started':
+        this.opened = true;
+        stats.sessionId = ev.session && ev.session.id;
+        ui.details.textContent = `Session ${stats.sessionId || ''} (GPT-Live)`.trim();
+        if (this.captureNode) this.onReady();
+        break;
+      case 'session.output_audio.delta': {
+        let pcm = base64ToFloat32(ev.delta);
+        if (!this.playNode) break;
+        if (this.playRatio !== 1) pcm = resampleLinear(pcm, RATE, this.playCtx.sampleRate);
+        this.playNode.port.postMessage({ type: 'push', itemId: 'live', samples: pcm }, [pcm.buffer]);
+        break;
+      }
+      case 'session.input_transcript.delta':
+        this.transcript('user', ev.delta || '');
+        break;
+      case 'session.output_transcript.delta':
+        this.transcript('assistant', ev.delta || '');
+        break;
+      case 'session.closed':
+        note(`Session closed (${ev.reason})`);
+        break;
+      case 'error': {
+        const err = ev.error || {};
+        stats.errors.push(err);
+        note(`Server error — ${[err.code || err.type, err.message].filter(Boolean).join(': ') || 'unknown'}`, true);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+}
+
 async function connect() {
   const token = ui.token.value.trim();
+  if (ui.transport.value === 'live') {
+    const live = new LiveWsSession(token);
+    session = live;
+    try {
+      await live.start();
+    } catch (e) {
+      fail(live, e);
+    }
+    return;
+  }
   if (ui.transport.value === 'webrtc' && window.RTCPeerConnection) {
     const rtc = new RtcSession(token);
     session = rtc;
@@ -914,9 +1043,10 @@ ui.mute.addEventListener('click', () => {
 });
 window.addEventListener('pagehide', () => { if (session) session.close(); });
 
-// ?token=... pre-fills the token field; ?transport=websocket picks the WebSocket.
+// ?token=... pre-fills the token field; ?transport=websocket picks the WebSocket, ?transport=live GPT-Live.
 const query = new URLSearchParams(location.search);
 const preset = query.get('token');
 if (preset) ui.token.value = preset;
 if (query.get('transport') === 'websocket' || !window.RTCPeerConnection) ui.transport.value = 'websocket';
+if (query.get('transport') === 'live') ui.transport.value = 'live';
 setState('idle', 'Not connected');

@@ -1,4 +1,4 @@
-"""The FastAPI app: routes (/v1/realtime, /v1/telephony/twilio, the demo page, /healthz, /metrics,
+"""The FastAPI app: routes (/v1/realtime, /v1/live/sessions, /v1/telephony/twilio, the demo page, /healthz, /metrics,
 /debug/state, /debug/stage_times), admission (auth, origin, capacity) and shutdown. Sessions live in ``omni_rt.session``; the
 socket handling in ``omni_rt.transports``."""
 
@@ -23,6 +23,8 @@ from omni_rt.server.runtime import Runtime
 from omni_rt.server.settings import ServerSettings
 from omni_rt.transports.host import new_session
 from omni_rt.transports.runner import SessionRunner
+from omni_rt.transports.live import LiveRegistry, live_endpoint
+from omni_rt.transports.live_webrtc import LiveCall, read_live_offer, start_live
 from omni_rt.transports.twilio import twilio_endpoint
 from omni_rt.transports.webrtc import CallError, CallRegistry, read_offer
 from omni_rt.transports.websocket import CLOSE_FULL, CLOSE_GOING_AWAY, CLOSE_POLICY, receive_realtime, safe_reason, serve_session
@@ -130,6 +132,7 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
             await shutdown(runtime)
 
     calls = CallRegistry(runtime)  # WebRTC calls and the pool of those connecting (omni_rt.transports.webrtc)
+    live_registry = LiveRegistry()  # GPT-Live sessions by id, for their /attach sidebands
     app = FastAPI(title="omni-rt", lifespan=lifespan)
     app.state.calls = calls
     app.state.runtime = runtime
@@ -224,6 +227,45 @@ def create_app(settings: ServerSettings | None = None, runtime: Runtime | None =
         if not calls.hangup(call_id):
             return JSONResponse(CallError(404, "call_not_found", "no such call").body(), status_code=404)
         return Response(status_code=200)
+
+    @app.websocket("/v1/live/sessions")
+    async def live_sessions(ws: WebSocket) -> None:
+        """GPT-Live over WebSocket (omni_rt.transports.live): the Live protocol over the same session core."""
+        if not await admit(ws, runtime, "live"):
+            return
+        await live_endpoint(ws, runtime, settings.live_delegation, live_registry)
+
+    @app.websocket("/v1/live/sessions/{session_id}/attach")
+    async def live_attach(ws: WebSocket, session_id: str) -> None:
+        """A sideband controller of a running Live session (WebSocket or WebRTC): its events, its commands."""
+        if not await admit(ws, runtime, "live_sideband", new_session=False):
+            return
+        await live_registry.attach(session_id, ws)
+
+    @app.post("/v1/live/sessions")
+    async def create_live_session(request: Request) -> Response:
+        """GPT-Live over WebRTC (omni_rt.transports.live_webrtc): {session, transport: {type: webrtc, sdp}} in,
+        {session: {id}, transport: {type: webrtc, sdp}} out; the call waits in the same pending pool as
+        /v1/realtime/calls."""
+        refused = check_access(request, settings)
+        if refused is not None:
+            runtime.metrics.connections.labels(surface="live_webrtc", outcome="refused_auth").inc()
+            status = 403 if refused.startswith("origin") else 401
+            return JSONResponse(CallError(status, "invalid_api_key" if status == 401 else "origin_not_allowed", refused).body(), status_code=status)
+        try:
+            sdp, session = await read_live_offer(request)
+            live = start_live(session, tuple(runtime.config.voices), settings.live_delegation, settings.delegate is not None)
+            if len(runtime.sessions) >= settings.max_sessions or runtime.draining:
+                runtime.metrics.connections.labels(surface="live_webrtc", outcome="refused_full").inc()
+                why = "server shutting down" if runtime.draining else f"server full: {settings.max_sessions} sessions"
+                raise CallError(503, "server_full", why)
+            client = request.client.host if request.client is not None else "unknown"
+            call = await calls.create(sdp, live.core_session, live.config.model if live.config else None, client,
+                                      call_type=lambda *a: LiveCall(*a, live=live, live_registry=live_registry))
+        except CallError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+        runtime.metrics.connections.labels(surface="live_webrtc", outcome="accepted").inc()
+        return JSONResponse({"session": {"id": live.id}, "transport": {"type": "webrtc", "sdp": call.pc.localDescription.sdp}})
 
     @app.websocket("/v1/telephony/twilio")
     async def twilio(ws: WebSocket) -> None:

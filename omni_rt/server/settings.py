@@ -30,6 +30,15 @@ class ServerSettings(BaseSettings):
     tool_preamble: Literal["auto", "off"] = Field("auto", description="a spoken answer that calls a tool first says a "
                                                   "short phrase fitting the call when the model wrote no words before "
                                                   "it (no dead air while the tool runs); 'off': the call alone")
+    live_delegation: Literal["auto", "always", "off"] = Field("off", description="GPT-Live client delegation "
+                                                              "(/v1/live/sessions): 'auto' the voice thinker decides "
+                                                              "when to delegate (its function in every prompt costs "
+                                                              "first-audio time), 'always' every user turn is "
+                                                              "delegated, 'off' never (docs/benchmarks/gpt-live.md)")
+    delegate: str | None = Field(None, description="GPT-Live Responses delegation: http(s)://HOST:PORT/v1 of the "
+                                 "OpenAI-compatible server (chat completions) that runs delegated requests; without "
+                                 "it a session asking for delegation type 'responses' is refused")
+    delegate_api_key: str | None = Field(None, description="bearer token for the --delegate server")
     send_timeout_s: float = Field(10.0, gt=0, description="a client whose socket accepts nothing for this long is "
                                   "closed (1008) and its answer freed")
     max_outgoing_bytes: int = Field(16 * 1024 * 1024, ge=65536, description="cap on events queued for one client")

@@ -138,7 +138,8 @@ class RealtimeCall:
 
     async def connect(self, session: dict[str, Any] | None = None, body: str = "sdp", audio: bool = True,
                       data_channel: bool = True, timeout: float = 20.0) -> httpx.Response:
-        """Offer, post, answer. ``body``: 'sdp' (raw application/sdp), 'multipart' or 'json' (with ``session``).
+        """Offer, post, answer. ``body``: 'sdp' (raw application/sdp), 'multipart' or 'json' (with ``session``), or
+        'live' (GPT-Live's ``POST /v1/live/sessions``, 200 with JSON).
         Returns the HTTP response; on 201 the connection is being set up (``opened`` once the channel is)."""
         from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
@@ -164,6 +165,15 @@ class RealtimeCall:
                 if session is not None:
                     files["session"] = (None, json.dumps(session), "application/json")
                 resp = await http.post(url, files=files, headers=self.headers)
+            elif body == "live":  # GPT-Live: POST /v1/live/sessions {session, transport}, 200 {session, transport}
+                resp = await http.post(f"{self.base_url}/v1/live/sessions", headers=self.headers,
+                                       json={"session": session, "transport": {"type": "webrtc", "sdp": sdp}})
+                if resp.status_code == 200:
+                    answer = resp.json()
+                    self.call_id = answer["session"]["id"]
+                    await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["transport"]["sdp"], type="answer"))
+                    await asyncio.wait_for(self.opened.wait(), timeout)
+                return resp
             elif body == "json":
                 resp = await http.post(url, json={"sdp": sdp, "session": session}, headers=self.headers)
             else:

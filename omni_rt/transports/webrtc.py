@@ -209,10 +209,13 @@ class Call:
                     resampler = StreamResampler(frame.sample_rate, format_rate(parsed), quality="QQ")
                 out = resampler.process(pcm)
                 if len(out):
-                    audio = base64.b64encode(encode_float(out, parsed)).decode("ascii")
-                    self.runner.feed_event({"type": "input_audio_buffer.append", "audio": audio})
+                    self._feed_audio(encode_float(out, parsed))
         except MediaStreamError:
             self.finish("microphone track ended")
+
+    def _feed_audio(self, wire: bytes) -> None:
+        """Microphone audio, in the session's input format, to the session."""
+        self.runner.feed_event({"type": "input_audio_buffer.append", "audio": base64.b64encode(wire).decode("ascii")})
 
     # ---- outgoing events and audio ---------------------------------------------------------------------
     def _send(self, event: dict[str, Any]) -> None:
@@ -443,10 +446,11 @@ class CallRegistry:
             self.host.metrics.pending_calls.set(len(self.pending))
 
     async def create(self, offer_sdp: str, session_config: dict[str, Any] | None, model: str | None,
-                     client: str = "unknown") -> Call:
+                     client: str = "unknown", call_type: Any = None) -> Call:
         """Answer an offer from ``client`` (its IP address): a new session (its config applied like
         ``session.update``), not yet open nor counted as a session: the call waits in the pending pool until
-        it connects (``Call._admit``)."""
+        it connects (``Call._admit``). ``call_type``: ``Call`` or a subclass taking the same arguments (a GPT-Live
+        call, ``omni_rt.transports.live_webrtc``)."""
         if not webrtc_available():
             raise CallError(501, "not_implemented", "WebRTC needs the 'webrtc' extra: pip install 'omni-rt[webrtc]'")
         check_offer(offer_sdp)
@@ -460,7 +464,7 @@ class CallRegistry:
             raise CallError(400, exc.code, exc.message, exc.param) from None
         self.pending.reserve(client)  # raises 429 / 503 when this client's share or the pool is full
         try:
-            call = Call(host, SessionRunner(host, session, "webrtc"), self, client)
+            call = (call_type or Call)(host, SessionRunner(host, session, "webrtc"), self, client)
         except BaseException:
             self.pending.release(client)
             raise

@@ -336,3 +336,35 @@ def test_voice_demo_falls_back_to_the_websocket_when_webrtc_fails(live_server, q
     assert live == "WebSocket live", live
     assert "using the WebSocket instead" in log_text, log_text
     assert stats["sent"].get("session.update") == 1
+
+
+def test_voice_demo_speaks_gpt_live(live_server, question_wav: Path, tmp_path: Path) -> None:
+    """The page's GPT-Live mode (``?transport=live``): session.start on /v1/live/sessions, the microphone as
+    session.input_audio.append, the continuous output stream played, the question and the answer shown from
+    the transcript deltas."""
+    page_errors: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        context = launch(pw, tmp_path, question_wav)
+        try:
+            page = context.new_page()
+            page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+            page.goto(live_server.http_url.rstrip("/") + "/?transport=live", wait_until="load")
+            assert page.input_value("#transport") == "live"
+            page.click("#connect")
+            for expression, what in (("window.omniStats.state === 'connected'", "the page to connect"),
+                                     ("window.omniStats.userTranscripts.some(t => /capital|france/i.test(t))", "the question"),
+                                     ("window.omniStats.assistantTranscripts.filter(Boolean).length > 0", "the answer")):
+                try:
+                    page.wait_for_function(expression, timeout=CONVERSATION_TIMEOUT_S * 1000, polling=100)
+                except sync_api.TimeoutError:
+                    pytest.fail(f"timed out waiting for {what}: {page.evaluate('JSON.stringify(window.omniStats)')}")
+            stats = page.evaluate("window.omniStats")
+            live = page.inner_text("#live-transport").strip()
+        finally:
+            context.close()
+    assert stats["transport"] == "live" and live == "GPT-Live live", (stats["transport"], live)
+    assert stats["sent"].get("session.start") == 1 and stats["sent"].get("session.input_audio.append", 0) > 10
+    assert stats["received"].get("session.started") == 1 and stats["received"].get("session.output_audio.delta", 0) > 10
+    assert stats["playedSamples"] > RATE  # the stream plays, zeros and answer alike
+    assert not stats["errors"], stats["errors"]
+    assert not page_errors, page_errors

@@ -18,7 +18,7 @@ def test_update_docs_writes_the_index_page_linking_every_topic(tmp_path):
     for _, name in TOPIC_PAGES:
         assert f"]({name})" in first
     assert [n for _, n in TOPIC_PAGES] == ["concurrency.md", "turn-taking.md", "soak.md", "webrtc.md", "quality.md",
-                                           "engine.md", "gpu.md", "tools.md"]
+                                           "engine.md", "gpu.md", "tools.md", "gpt-live.md"]
 
 
 def test_ratios_compare_v2v_and_nothing_fails_by_construction():
