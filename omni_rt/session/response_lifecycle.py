@@ -251,6 +251,8 @@ class ResponseLifecycle:
 
     def _first_audio(self, resp: Response) -> None:
         resp.first_audio = time.perf_counter()
+        # the listener hears it from now: speech over it is a candidate interruption until it has played
+        self._commands.append(cmd.AnswerStarted())
         ttfa = resp.ttfa_ms()
         if ttfa is not None:
             self._observations.append(("ttfa", ttfa / 1000))
@@ -323,8 +325,9 @@ class ResponseLifecycle:
         td = self._config().turn_detection
         if state is ResponseState.DONE and resp.in_conversation and not resp.calls and self._config().answers_turns:
             self.hint_next_prompt(self._config(), "")  # the user's next turn answers this: its prefix is known now
-        if td is not None and td.idle_timeout_ms:  # the idle clock restarts after its playback
-            self._commands.append(cmd.ResponseDone(resp.item.audio_ms))
+        if resp.first_audio is not None or (td is not None and td.idle_timeout_ms):
+            # the idle clock restarts after its playback; a heard answer is heard until then (or no more: cut short)
+            self._commands.append(cmd.ResponseDone(resp.item.audio_ms, played=state is ResponseState.DONE))
 
     def _message_done(self, resp: Response, state: ResponseState) -> None:
         """The done events of the response's message item."""
