@@ -153,3 +153,10 @@ def test_filter_off_every_start_barges_in(asr_stage, tts) -> None:
     finally:
         asr_stage.backchannel_filter = True
     assert len(of(events, "speech_started")) == 1 and not of(events, "interruption.candidate"), events
+
+
+def test_preset_field_must_be_a_bool() -> None:
+    from omni_rt.stages.asr.factory import create_asr_stage
+
+    with pytest.raises(ValueError, match="stage 'asr' field 'backchannel_filter'"):
+        create_asr_stage(backchannel_filter="off")
