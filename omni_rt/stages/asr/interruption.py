@@ -26,8 +26,9 @@ weakness is the closed-mouth hum ("mm-hm"): Whisper tiny.en often writes it as a
 interruption costs more than an interruption too many. Numbers: docs/benchmarks/turn-taking.md.
 
 An interruption is recognised at the first look when its first word is not a backchannel word: ``FIRST_LOOK_MS`` of
-speech (from Silero's onset) plus one decode. A backchannel is decided at its pause (``PAUSE_MS`` after its sound
-ends) plus one decode. Each candidate decodes at most ``MAX_DECODES`` times.
+speech (from Silero's onset) plus one decode; after a backchannel word, at the next look (``NEXT_LOOK_MS`` more)
+that hears a word outside the lexicon. A backchannel is decided at its pause (``PAUSE_MS`` after its sound ends)
+plus one decode. Each candidate decodes at most ``MAX_DECODES`` times.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["AnswerPlayback", "BACKCHANNEL_WORDS", "Candidate", "FIRST_LOOK_MS", "MAX_BACKCHANNEL_MS", "MAX_DECODES",
+__all__ = ["AnswerPlayback", "BACKCHANNEL_WORDS", "Candidate", "FIRST_LOOK_MS", "MAX_BACKCHANNEL_MS", "MAX_DECODES", "NEXT_LOOK_MS",
            "PAUSE_MS", "Verdict", "decide", "is_backchannel_word", "words_of"]
 
 # the words a listener says without taking the turn, as Whisper writes them (hyphenated forms are split, so
@@ -50,10 +51,12 @@ BACKCHANNEL_WORDS = frozenset({
 MAX_BACKCHANNEL_MS = 1200
 # speech heard before the first decode: the first word of "wait" / "stop" / "no" / a question is in by then
 FIRST_LOOK_MS = 300
+# while undecided and the speech goes on, the next decode once this much more has been heard
+NEXT_LOOK_MS = 150
 # a pause this long after a short run of lexicon words ends the backchannel (the turn's own end is far later)
 PAUSE_MS = 160
-# the most decodes one candidate takes: the first look, one per pause, and one at the speech's end
-MAX_DECODES = 4
+# the most decodes one candidate takes: the first look, later looks while it goes on, one at its pause
+MAX_DECODES = 5
 # at most this many (distinct-in-a-row) words: "yeah yeah I see okay" is still a backchannel, more is a turn
 MAX_BACKCHANNEL_WORDS = 4
 
@@ -83,13 +86,20 @@ def is_backchannel_word(word: str) -> bool:
 
 def decide(text: str | None, speech_ms: float, paused: bool) -> Verdict:
     """The verdict on a candidate from Whisper's ``text`` of its audio so far (None: no decode back yet), how
-    long its speech has lasted, and whether its sound has paused for ``PAUSE_MS`` since the audio decoded."""
+    long its sound has lasted, and whether it has paused for ``PAUSE_MS`` with all of it decoded.
+
+    While the speech goes on, the last word of the text is a word cut off by the decode, and Whisper often invents
+    one there ("Oh, okay" cut after 300 ms is heard "Oh, oak"): after a backchannel word it decides nothing until
+    more is heard. A first word that is not a backchannel word ("wait", "no", "can") decides at once."""
     if speech_ms > MAX_BACKCHANNEL_MS:
         return "interruption"
     if text is None:
         return "undecided"
     words = words_of(text)
-    if not all(is_backchannel_word(w) for w in words) or len(words) > MAX_BACKCHANNEL_WORDS:
+    if len(words) > MAX_BACKCHANNEL_WORDS:
+        return "interruption"
+    heard = words if paused or len(words) < 2 else words[:-1]
+    if not all(is_backchannel_word(w) for w in heard):
         return "interruption"
     return "backchannel" if paused else "undecided"
 

@@ -100,7 +100,15 @@ from omni_rt.contracts.audio_in import (
 )
 from omni_rt.contracts.turn_detection import TurnDetectionConfig
 from omni_rt.stages.asr.decoding import DecodeJob, DecodeQueue, Transcriber
-from omni_rt.stages.asr.interruption import FIRST_LOOK_MS, MAX_DECODES, PAUSE_MS, AnswerPlayback, Candidate, decide
+from omni_rt.stages.asr.interruption import (
+    FIRST_LOOK_MS,
+    MAX_DECODES,
+    NEXT_LOOK_MS,
+    PAUSE_MS,
+    AnswerPlayback,
+    Candidate,
+    decide,
+)
 from omni_rt.stages.asr.turn_audio import TurnAudio
 from omni_rt.stages.asr.turn_rule import SCORE_AFTER_MS, SECOND_LOOK_MS, TurnDetection
 from omni_rt.stages.asr.turn_scoring import PauseVerdict, TurnScorer
@@ -485,14 +493,15 @@ class AsrWorker(SessionScheduler):
         cand = st.candidate
         assert cand is not None
         now = st.seg.stream_samples
-        speech_ms = cand.speech_ms(now, SAMPLE_RATE)
         if cand.stopped_ms is not None:
             sound_end = cand.sound_end
         else:
             sound_end = now - int(st.seg.vad.sound_silence_ms * SAMPLE_RATE / 1000)
         paused = cand.stopped_ms is not None or st.seg.vad.sound_silence_ms >= PAUSE_MS
         covered = cand.decoded_to >= sound_end or cand.decodes >= MAX_DECODES
-        verdict = decide(cand.text, speech_ms, paused and covered and not cand.pending)
+        # how long the sound has lasted (not the silence after it, nor the wait for a decode)
+        sound_ms = cand.speech_ms(sound_end if paused else now, SAMPLE_RATE)
+        verdict = decide(cand.text, sound_ms, paused and covered and not cand.pending)
         if verdict == "interruption":
             self._interrupt(session, st)
             return
@@ -501,8 +510,8 @@ class AsrWorker(SessionScheduler):
             return
         if cand.pending or cand.decodes >= MAX_DECODES:
             return
-        look = int(FIRST_LOOK_MS * SAMPLE_RATE / 1000)
-        if (paused and not covered) or (cand.decodes == 0 and now - cand.onset >= look) or (cand.decodes and now - cand.decoded_to >= look):
+        first, nxt = int(FIRST_LOOK_MS * SAMPLE_RATE / 1000), int(NEXT_LOOK_MS * SAMPLE_RATE / 1000)
+        if (paused and not covered) or (cand.decodes == 0 and now - cand.onset >= first) or (cand.decodes and now - cand.decoded_to >= nxt):
             cand.pending, cand.decoded_to = True, now
             cand.decodes += 1
             self._decode(session.session_id, "candidate", st.seg.audio(), epoch=cand.epoch, turn=st.turn + 1)

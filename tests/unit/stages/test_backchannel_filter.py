@@ -86,6 +86,10 @@ def test_decide() -> None:
     assert decide("No", 300, paused=True) == "interruption"
     assert decide("Okay.", 1500, paused=True) == "interruption"  # too long for a backchannel
     assert decide("yeah yeah okay right sure I see", 900, paused=True) == "interruption"  # too many words
+    # while the speech goes on, the last (cut) word after a backchannel word decides nothing yet
+    assert decide("Oh, oak", 300, paused=False) == "undecided"
+    assert decide("Oh, oak", 500, paused=True) == "interruption"
+    assert decide("Yeah, but wait", 500, paused=False) == "interruption"
 
 
 def test_answer_playback_clock() -> None:
