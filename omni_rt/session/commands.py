@@ -57,8 +57,9 @@ class AbortResponse:
 
 @dataclass(slots=True)
 class PausePlayback:
-    """For a transport that paces the answer's playback (WebRTC): hold it (``paused``) while overlapping speech is
-    a candidate interruption, go on from where it stopped when it was a backchannel. Others ignore it."""
+    """For a transport that controls the answer's playback (WebRTC's paced track; Twilio's bridge, which clears and
+    sends again): hold it (``paused``) while overlapping speech is a candidate interruption, go on from where it
+    stopped when it was a backchannel. The WebSocket ignores it (the client plays)."""
 
     paused: bool
 
