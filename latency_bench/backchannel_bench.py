@@ -40,6 +40,10 @@ VOICES = (("plain", 1.0, 0.0, 0.0, 0), ("fast+noise", 0.85, 0.667, 0.8, 11), ("s
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coughs", type=int, default=24, help="synthetic coughs / noise bursts (default 24)")
+    p.add_argument("--brief-window-s", type=float, default=None,
+                   help="Whisper window of the quick looks (default: the turns' own, 10 s)")
+    p.add_argument("--first-look-ms", type=int, default=None,
+                   help="speech heard before the first look (default: interruption.FIRST_LOOK_MS, 300)")
     p.add_argument("--out", type=Path, default=OUT)
 
 
@@ -96,7 +100,9 @@ def run_clip(sched: Any, sid: str, clip: dict[str, Any]) -> dict[str, Any]:
     from omni_rt.contracts.turn_detection import SERVER_VAD
     from omni_rt.pipeline.messages import IncomingMessage
 
-    audio = np.concatenate([np.zeros(SR * LEAD_MS // 1000, np.float32), clip["audio"], np.zeros(SR * TAIL_MS // 1000, np.float32)])
+    # the tail: silence until the candidate is decided (a loaded machine decodes slowly), 4 s at most
+    audio = np.concatenate([np.zeros(SR * LEAD_MS // 1000, np.float32), clip["audio"], np.zeros(SR * 4, np.float32)])
+    tail_from = audio.size - SR * 4 + SR * TAIL_MS // 1000
     onset = SR * LEAD_MS // 1000 + clip["onset"]
     sched.inbox.put(IncomingMessage(sid, "new_request", OpenAudioIn(AudioInSettings(SERVER_VAD, partials=False))))
     sched.inbox.put(IncomingMessage(sid, "new_request", AnswerStarted()))
@@ -104,6 +110,8 @@ def run_clip(sched: Any, sid: str, clip: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"outcome": "no speech", "decision_ms": None, "stage_decision_ms": None, "heard": None}
     sent = 0
     for i, start in enumerate(range(0, audio.size, step)):
+        if start >= tail_from and result["outcome"] != "candidate":
+            break
         sched.inbox.put(IncomingMessage(sid, "stream_chunk", audio[start:start + step]))
         sent = start + step
         time.sleep(max(0.0, t0 + (i + 1) * 0.02 - time.perf_counter()))
@@ -142,7 +150,14 @@ def command(args: argparse.Namespace) -> None:
     from omni_rt.stages.asr.stage import AsrWorker
 
     set_ = clips(args.coughs)
-    sched = AsrWorker(FasterWhisperASR(cpu_threads=1), SileroVadModel())
+    import omni_rt.stages.asr.stage as stage_module
+
+    if args.first_look_ms is not None:  # an ablation: the stage reads the constant at each step
+        stage_module.FIRST_LOOK_MS = args.first_look_ms
+    asr = FasterWhisperASR(cpu_threads=1)
+    if args.brief_window_s is not None:
+        asr.brief_window_s = args.brief_window_s
+    sched = AsrWorker(asr, SileroVadModel())
     sched.start()
     t_start, load0 = time.time(), _load()
     rows = []
@@ -166,7 +181,9 @@ def command(args: argparse.Namespace) -> None:
                                               "p95": _pct([r["decision_ms"] for r in rs if r["outcome"] == "backchannel"], 95)}}
     out = {"when": time.strftime("%Y-%m-%d %H:%M", time.gmtime(t_start)), "seconds": round(time.time() - t_start),
            "cpu": platform.processor() or platform.machine(), "load_avg": [load0, _load()],
-           "asr": "faster-whisper tiny.en int8, 1 thread", "summary": summary, "clips": rows}
+           "asr": f"faster-whisper tiny.en int8, 1 thread; quick looks in a {asr.brief_window_s:g} s window",
+           "first_look_ms": stage_module.FIRST_LOOK_MS,
+           "summary": summary, "clips": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
     print(json.dumps(summary, indent=1))

@@ -25,6 +25,9 @@ weakness is the closed-mouth hum ("mm-hm"): Whisper tiny.en often writes it as a
 "amendment" is not), so a hummed backchannel is sometimes taken for an interruption: the safe side, since a missed
 interruption costs more than an interruption too many. Numbers: docs/benchmarks/turn-taking.md.
 
+Each look is a brief decode (``transcribe_brief``: at most 16 tokens, so a Whisper loop on a cut-off word stops
+early) of the candidate's audio so far, queued on the stage's decode worker like any other decode.
+
 An interruption is recognised at the first look when its first word is not a backchannel word: ``FIRST_LOOK_MS`` of
 speech (from Silero's onset) plus one decode; after a backchannel word, at the next look (``NEXT_LOOK_MS`` more)
 that hears a word outside the lexicon. A backchannel is decided at its pause (``PAUSE_MS`` after its sound ends)

@@ -270,10 +270,10 @@ class AsrWorker(SessionScheduler):
         return self._turns.model()
 
     def _decode(self, session_id: str, kind: str, audio: np.ndarray, wanted: Any = None, scored: bool = False,
-                **meta: Any) -> None:
+                brief: bool = False, **meta: Any) -> None:
         """Transcribe on the decode worker; the result returns to the session thread as a ``_decoded`` op
-        (``scored``: with the last word's probability, for semantic_vad's verdict)."""
-        self._decoder.submit(DecodeJob(session_id, kind, audio.copy(), wanted, meta, scored))
+        (``scored``: with the last word's probability, for semantic_vad's verdict; ``brief``: its first words)."""
+        self._decoder.submit(DecodeJob(session_id, kind, audio.copy(), wanted, meta, scored, brief))
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _new_vad(self, td: TurnDetection) -> Any:
@@ -514,7 +514,7 @@ class AsrWorker(SessionScheduler):
         if (paused and not covered) or (cand.decodes == 0 and now - cand.onset >= first) or (cand.decodes and now - cand.decoded_to >= nxt):
             cand.pending, cand.decoded_to = True, now
             cand.decodes += 1
-            self._decode(session.session_id, "candidate", st.seg.audio(), epoch=cand.epoch, turn=st.turn + 1)
+            self._decode(session.session_id, "candidate", st.seg.audio(), brief=True, epoch=cand.epoch, turn=st.turn + 1)
 
     def _candidate_decoded(self, session: Session, st: AsrState, data: dict[str, Any]) -> None:
         cand = st.candidate
