@@ -75,6 +75,7 @@ async def test_answer_goes_on_through_yeah_and_stops_on_wait_stop(live_server):
             await rt.send({"type": "response.create", "response": {"max_output_tokens": 96}})
             r1 = (await rt.wait_for(lambda e: e["type"] == "response.created", 30))["response"]["id"]
             await rt.wait_for(lambda e: e["type"] == "response.output_audio.delta", 60)
+            t_first_audio = time.perf_counter()  # a client playing in real time hears the answer from here
 
             async def mic(chunks: list[str]) -> None:  # a microphone: real time
                 t0 = time.perf_counter()
@@ -87,7 +88,9 @@ async def test_answer_goes_on_through_yeah_and_stops_on_wait_stop(live_server):
             audio_ms = sum(len(base64.b64decode(e["delta"])) for e in rt.of("response.output_audio.delta")) / 48
             print(f"\nafter 'Yeah.': {audio_ms:.0f} ms of answer audio received; "
                   f"{[e['type'] for e in rt.events if not e['type'].endswith('delta')]}")
-            assert audio_ms > 4000, "the answer is too short to be heard while the test talks over it"
+            still_streaming = not rt.of("response.done")
+            assert still_streaming or audio_ms / 1000 > time.perf_counter() - t_first_audio + 2.5, \
+                "the answer is too short to be heard while the test talks over it"
             assert not rt.of("input_audio_buffer.speech_started"), "a backchannel barged in"
             assert not rt.of("input_audio_buffer.committed") and not rt.of("conversation.item.input_audio_transcription.completed")
             assert all(e["response"]["status"] == "completed" for e in rt.of("response.done")), rt.of("response.done")
