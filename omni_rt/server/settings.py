@@ -30,6 +30,9 @@ class ServerSettings(BaseSettings):
     tool_preamble: Literal["auto", "off"] = Field("auto", description="a spoken answer that calls a tool first says a "
                                                   "short phrase fitting the call when the model wrote no words before "
                                                   "it (no dead air while the tool runs); 'off': the call alone")
+    backchannel_filter: bool = Field(True, description="speech over an answer being heard is decided (backchannel "
+                                     "or interruption) before it barges in; False: every speech start barges in at "
+                                     "once (the preset's asr stage 'backchannel_filter' turns it off too)")
     send_timeout_s: float = Field(10.0, gt=0, description="a client whose socket accepts nothing for this long is "
                                   "closed (1008) and its answer freed")
     max_outgoing_bytes: int = Field(16 * 1024 * 1024, ge=65536, description="cap on events queued for one client")
