@@ -118,3 +118,34 @@ async def test_answer_goes_on_through_yeah_and_stops_on_wait_stop(live_server):
         reader.cancel()
         await ws.close()
     assert live_server.wait_idle()["total"] == 0
+
+
+async def test_switched_off_yeah_barges_in(tmp_path):
+    """``--no-backchannel-filter``: the server barges in on any speech over the answer, "Yeah." included."""
+    from omni_rt.backends.tts_piper import PiperTTS
+    from servers import start_server, stop_server
+
+    server = start_server(tmp_path, "--no-backchannel-filter")
+    try:
+        tts = PiperTTS(noise_scale=0.0, noise_w_scale=0.0)
+        yeah = say(tts, "Yeah.", lead_s=0.6, tail_s=1.0)
+        ws = await websockets.connect(f"{server.ws_url}/v1/realtime", max_size=None, open_timeout=60)
+        rt = Client(ws)
+        reader = asyncio.create_task(rt.reader())
+        try:
+            async with asyncio.timeout(120):
+                await rt.wait_for(lambda e: e["type"] == "session.created", 30)
+                await rt.send({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "user", "content": [{"type": "input_text", "text": LONG_ASK}]}})
+                await rt.send({"type": "response.create", "response": {"max_output_tokens": 96}})
+                await rt.wait_for(lambda e: e["type"] == "response.output_audio.delta", 60)
+                t0 = time.perf_counter()
+                for i, chunk in enumerate(yeah):
+                    await rt.send({"type": "input_audio_buffer.append", "audio": chunk})
+                    await asyncio.sleep(max(0.0, t0 + (i + 1) * CHUNK_MS / 1000 - time.perf_counter()))
+                await rt.wait_for(lambda e: e["type"] == "input_audio_buffer.speech_started", 10)
+        finally:
+            reader.cancel()
+            await ws.close()
+    finally:
+        stop_server(server)
