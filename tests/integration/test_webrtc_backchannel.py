@@ -20,7 +20,7 @@ SILENT_RMS = 0.003
 
 def longest_silence(heard: list[tuple[float, float]], t0: float, t1: float) -> tuple[float, float]:
     """(start, seconds) of the longest run of silent 20 ms frames received between t0 and t1."""
-    best, run_start, prev = (t0, 0.0), None, None
+    best, run_start = (t0, 0.0), None
     for t, rms in heard:
         if t < t0 or t > t1:
             continue
@@ -30,7 +30,6 @@ def longest_silence(heard: list[tuple[float, float]], t0: float, t1: float) -> t
                 best = (run_start, t - run_start)
         else:
             run_start = None
-        prev = t
     return best
 
 

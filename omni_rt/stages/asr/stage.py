@@ -66,7 +66,8 @@ the session's answer is heard (``AnswerStarted`` .. ``ResponseDone`` plus its au
 held as a candidate (``InterruptionCandidate``), transcribed once ``FIRST_LOOK_MS`` of it is in and at its pause,
 and either emitted as the ``SpeechStarted`` it would have been (an interruption: the turn goes on as any other) or
 dropped with its audio (``BackchannelDropped``). While a candidate is undecided no partial, speculative decode or
-turn verdict runs on it. The preset's ``backchannel_filter: false`` turns it off: every speech start is a barge-in.
+turn verdict runs on it. The preset's ``backchannel_filter: false`` turns it off: every speech start is a barge-in
+(the server's ``--no-backchannel-filter`` does it in the session: it never sends ``AnswerStarted``).
 
 Session ops (``omni_rt.contracts.audio_in``, typed): ``OpenAudioIn`` and ``UpdateAudioIn`` (the session's
 ``AudioInSettings``: turn detection, partials and noise reduction; an update is answered ``AudioInUpdated`` or
@@ -79,9 +80,9 @@ buffered audio), ``ResponseDone``, ``AnswerStarted``. Appends are float32 16 kHz
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
-import logging
 from typing import Any
 
 import numpy as np
