@@ -164,3 +164,14 @@ def test_preset_field_must_be_a_bool() -> None:
 
     with pytest.raises(ValueError, match="stage 'asr' field 'backchannel_filter'"):
         create_asr_stage(backchannel_filter="off")
+
+
+def test_semantic_vad_backchannel_dropped_and_interruption_ends_its_turn(asr_stage, tts) -> None:
+    """The client's semantic_vad is unchanged: "Yeah." is dropped, and an interruption's turn ends by its verdict."""
+    td = {"type": "semantic_vad", "eagerness": "high"}
+    events = over_answer(asr_stage, "sem-bc", say(tts, "Yeah."), td=td)
+    assert of(events, "backchannel.dropped") and not of(events, "speech_started") and not of(events, "committed"), events
+    events = over_answer(asr_stage, "sem-int", say(tts, "What is the capital of Italy?"), td=td)
+    kinds = [e["type"] for e in events]
+    assert len(of(events, "speech_started")) == 1 and len(of(events, "committed")) == 1, kinds
+    assert "italy" in of(events, "transcript.final")[0]["text"].lower(), events
