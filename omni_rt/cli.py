@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--shutdown-grace-s", type=float, default=None, help="time open answers get at SIGTERM")
     serve.add_argument("--no-speculative", action="store_false", dest="speculative_responses", default=None,
                        help="do not start answers during the end-of-turn silence (for comparisons)")
+    serve.add_argument("--no-backchannel-filter", action="store_false", dest="backchannel_filter", default=None,
+                       help="every speech start over an answer barges in at once (default: backchannels such as "
+                       "'yeah' and 'mm-hm' keep the answer)")
     serve.add_argument("--tool-preamble", choices=["auto", "off"], default=None,
                        help="say a short phrase before a tool call the model wrote no words for (default auto)")
     serve.add_argument("--live-delegation", choices=["auto", "always", "off"], default=None,

@@ -43,7 +43,8 @@ def asr_stage(turn_model):
 EVENT_NAMES = {c.SpeechStarted: "speech_started", c.SpeechStopped: "speech_stopped", c.Committed: "committed",
                c.Cleared: "cleared", c.TranscriptPartial: "transcript.delta", c.TranscriptSpeculative: "transcript.speculative",
                c.SpeculationCancelled: "speculative.cancelled", c.TranscriptFinal: "transcript.final",
-               c.TurnScored: "turn.scored", c.TimeoutTriggered: "timeout_triggered"}
+               c.TurnScored: "turn.scored", c.TimeoutTriggered: "timeout_triggered",
+               c.InterruptionCandidate: "interruption.candidate", c.BackchannelDropped: "backchannel.dropped"}
 
 
 def as_dict(ev: Any) -> dict[str, Any]:
@@ -51,11 +52,13 @@ def as_dict(ev: Any) -> dict[str, Any]:
 
 
 def run_stream(sched: Any, sid: str, td: dict[str, Any] | None, audio: np.ndarray, until: str = "transcript.final",
-               realtime: bool = True, settle_s: float = 20.0, hold_at: int | None = None) -> list[dict[str, Any]]:
+               realtime: bool = True, settle_s: float = 20.0, hold_at: int | None = None,
+               ops: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
     """Open a session, append ``audio`` in 20 ms chunks (at real time), then collect its events up to the last ``until``.
 
     ``hold_at``: once that many samples are in, hold the audio until the turn model's verdict arrives, as if it
-    scored instantly: the decision logic is tested here, its timing on a shared machine in latency_bench."""
+    scored instantly: the decision logic is tested here, its timing on a shared machine in latency_bench.
+    ``ops``: session ops sent right after the open (e.g. ``AnswerStarted``: an answer is being heard)."""
     events: list[dict[str, Any]] = []
 
     def drain(block_s: float = 0.0) -> None:
@@ -72,6 +75,8 @@ def run_stream(sched: Any, sid: str, td: dict[str, Any] | None, audio: np.ndarra
                 events.append(as_dict(msg.data))
 
     sched.inbox.put(IncomingMessage(sid, "new_request", OpenAudioIn(AudioInSettings(tdm.parse_turn_detection(td), partials=False))))
+    for op in ops:
+        sched.inbox.put(IncomingMessage(sid, "new_request", op))
     step = SR // 50
     t0 = time.perf_counter()
     for i, start in enumerate(range(0, audio.size, step)):

@@ -94,6 +94,8 @@ class FasterWhisperASR:
         # `min_window_s` (10 s), where accuracy and semantic_vad's word cues were still those of 15 s; 30 restores
         # the classic behaviour. The measurements: docs/tuning-cpu.md ("Whisper window").
         self.min_window_frames = int(min(30.0, max(8.0, min_window_s)) * 100)
+        # the window of a quick look (``transcribe_brief``): the turns' own by default (the same ear)
+        self.brief_window_s = self.min_window_frames / 100
 
     def _features(self, audio: np.ndarray) -> np.ndarray:
         # Same framing as WhisperModel.transcribe: drop the padding frame (padding to the window comes later).
@@ -155,8 +157,16 @@ class FasterWhisperASR:
             probs.append(float(e[ids[step]] / e.sum()))
         return min(probs)
 
+    def transcribe_brief(self, audio: np.ndarray, max_new_tokens: int = 16) -> str:
+        """A quick look at a short piece of speech (a possible backchannel over an answer): its first words, at most
+        ``max_new_tokens`` tokens (a backchannel is a few; more words already say it is not one, and a Whisper loop
+        on a cut-off word then stops early), in a window of ``brief_window_s`` (at least the speech + 1 s)."""
+        raw = self._features(audio)
+        window = int(min(3000, max(self.brief_window_s * 100, raw.shape[-1] + 100)))
+        return self._decode_window([raw], [_check_audio(audio)], window, max_new_tokens=max_new_tokens)[0][0]
+
     def _decode_window(self, raw: list[np.ndarray], audios: list[np.ndarray], window: int,
-                       scored: bool = False) -> list[tuple[str, float | None]]:
+                       scored: bool = False, max_new_tokens: int | None = None) -> list[tuple[str, float | None]]:
         from faster_whisper.audio import pad_or_trim
 
         feats = np.stack([pad_or_trim(f, window) for f in raw]).astype(np.float32)
@@ -165,7 +175,7 @@ class FasterWhisperASR:
             encoder_output,
             [list(self.prompt) for _ in audios],
             beam_size=self.beam_size,
-            max_length=len(self.prompt) + self.max_new_tokens,
+            max_length=len(self.prompt) + (self.max_new_tokens if max_new_tokens is None else max_new_tokens),
             suppress_blank=True,
             suppress_tokens=self.suppress_tokens,
             return_scores=True,

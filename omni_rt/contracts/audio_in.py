@@ -93,7 +93,18 @@ class ClearAudioIn(SessionOp):
 
 @dataclass(frozen=True)
 class ResponseDone(SessionOp):
-    """An answer ended; its audio lasts ``audio_ms``, so ``idle_timeout_ms`` counts from the end of its playback."""
+    """An answer ended; its audio lasts ``audio_ms``, so ``idle_timeout_ms`` counts from the end of its playback.
+    ``played``: it completed, so the listener hears it until all its audio has played (False: cut short, heard
+    no more; the backchannel filter's ``AnswerPlayback`` ends now)."""
 
     op: ClassVar[str] = "response_done"
     audio_ms: float = 0.0
+    played: bool = True
+
+
+@dataclass(frozen=True)
+class AnswerStarted(SessionOp):
+    """The active answer's first audio went to the listener: from now until its ``ResponseDone`` (plus its audio's
+    length) speech that overlaps it is a candidate interruption (``omni_rt.stages.asr.interruption``)."""
+
+    op: ClassVar[str] = "answer_started"

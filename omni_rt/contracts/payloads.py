@@ -109,6 +109,27 @@ class AsrEvent:
 @dataclass(slots=True)
 class SpeechStarted(AsrEvent):
     audio_start_ms: int
+    # held as a candidate first (an answer was heard): from the onset to the verdict, on the input stream's clock
+    decision_ms: float | None = None
+
+
+@dataclass(slots=True)
+class InterruptionCandidate(AsrEvent):
+    """Speech began while an answer was heard: its ``SpeechStarted`` is held until the stage decides whether it
+    is a backchannel (``BackchannelDropped``) or an interruption (``SpeechStarted``, with this onset). A
+    transport that paces playback pauses it meanwhile."""
+
+    audio_start_ms: int
+
+
+@dataclass(slots=True)
+class BackchannelDropped(AsrEvent):
+    """The candidate was a backchannel (or no words: a cough, a breath): dropped, no turn; playback resumes.
+    ``decision_ms``: from the speech's onset to the verdict, on the input stream's clock."""
+
+    text: str
+    speech_ms: float
+    decision_ms: float
 
 
 @dataclass(slots=True)

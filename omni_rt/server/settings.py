@@ -39,6 +39,9 @@ class ServerSettings(BaseSettings):
                                  "OpenAI-compatible server (chat completions) that runs delegated requests; without "
                                  "it a session asking for delegation type 'responses' is refused")
     delegate_api_key: str | None = Field(None, description="bearer token for the --delegate server")
+    backchannel_filter: bool = Field(True, description="speech over an answer being heard is decided (backchannel "
+                                     "or interruption) before it barges in; False: every speech start barges in at "
+                                     "once (the preset's asr stage 'backchannel_filter' turns it off too)")
     send_timeout_s: float = Field(10.0, gt=0, description="a client whose socket accepts nothing for this long is "
                                   "closed (1008) and its answer freed")
     max_outgoing_bytes: int = Field(16 * 1024 * 1024, ge=65536, description="cap on events queued for one client")

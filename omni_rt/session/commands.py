@@ -13,10 +13,20 @@ from typing import Any
 
 import numpy as np
 
-from omni_rt.contracts.audio_in import AudioInSettings, ClearAudioIn, CommitAudioIn, OpenAudioIn, ResponseDone, SessionOp, UpdateAudioIn
+from omni_rt.contracts.audio_in import (
+    AnswerStarted,
+    AudioInSettings,
+    ClearAudioIn,
+    CommitAudioIn,
+    OpenAudioIn,
+    ResponseDone,
+    SessionOp,
+    UpdateAudioIn,
+)
 
-__all__ = ["AbortResponse", "AppendAudio", "AudioInSettings", "ClearAudioIn", "CloseAudioIn", "CloseConnection", "Command",
-           "CommitAudioIn", "OpenAudioIn", "PrefillHint", "ResponseDone", "SessionOp", "StartResponse", "UpdateAudioIn"]
+__all__ = ["AbortResponse", "AnswerStarted", "AppendAudio", "AudioInSettings", "ClearAudioIn", "CloseAudioIn", "CloseConnection",
+           "Command", "CommitAudioIn", "OpenAudioIn", "PausePlayback", "PrefillHint", "ResponseDone", "SessionOp", "StartResponse",
+           "UpdateAudioIn"]
 
 
 @dataclass(slots=True)
@@ -46,10 +56,19 @@ class AbortResponse:
 
 
 @dataclass(slots=True)
+class PausePlayback:
+    """For a transport that controls the answer's playback (WebRTC's paced track; Twilio's bridge, which clears and
+    sends again): hold it (``paused``) while overlapping speech is a candidate interruption, go on from where it
+    stopped when it was a backchannel. The WebSocket ignores it (the client plays)."""
+
+    paused: bool
+
+
+@dataclass(slots=True)
 class CloseConnection:
     code: int
     reason: str
 
 
-Command = (OpenAudioIn | UpdateAudioIn | CommitAudioIn | ClearAudioIn | ResponseDone | AppendAudio | CloseAudioIn | StartResponse
-           | PrefillHint | AbortResponse | CloseConnection)
+Command = (OpenAudioIn | UpdateAudioIn | CommitAudioIn | ClearAudioIn | ResponseDone | AnswerStarted | AppendAudio | CloseAudioIn
+           | StartResponse | PrefillHint | AbortResponse | PausePlayback | CloseConnection)

@@ -74,7 +74,8 @@ class RealtimeSession:
             self.id, send=send, purge_audio=self.outbox.purge_audio, commands=self._commands, observations=self._observations,
             conversation=self.conversation, held=self.held, tool_calls=self.tool_calls, config=current,
             max_response_tokens=self.limits.max_response_tokens, log=self.log,
-            prefill_hints=self.options.speculative_responses, tool_preamble=self.options.tool_preamble)
+            prefill_hints=self.options.speculative_responses, tool_preamble=self.options.tool_preamble,
+            backchannel_filter=self.options.backchannel_filter)
         self.turn_taking = TurnTaking(
             send=send, send_error=self.send_error, commands=self._commands, observations=self._observations,
             conversation=self.conversation, responses=self.responses, config=current,

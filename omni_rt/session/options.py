@@ -27,3 +27,5 @@ class SessionOptions:
     beta_events: bool = False
     voices: tuple[str, ...] = ("default",)  # the preset's voices; the first is the default
     tool_preamble: str = "auto"  # "auto": a spoken phrase before a tool call without words of its own; "off"
+    # tell the audio-in stage when an answer is heard, so speech over it is decided before it barges in
+    backchannel_filter: bool = True

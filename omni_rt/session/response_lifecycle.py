@@ -52,11 +52,13 @@ class ResponseLifecycle:
                  commands: list[cmd.Command], observations: list[tuple[str, float]], conversation: Conversation,
                  held: HeldAnswers, tool_calls: ToolCallItems, config: Callable[[], SessionConfig],
                  max_response_tokens: int, log: logging.LoggerAdapter, prefill_hints: bool = True,
-                 tool_preamble: str = "auto") -> None:
+                 tool_preamble: str = "auto", backchannel_filter: bool = True) -> None:
         """``config``: the session's current config (read at each use: ``session.update`` replaces it);
         ``purge_audio``: drops a response's queued audio deltas from the outgoing queue; ``prefill_hints``: tell
         the thinker each next prompt ahead (``hint_next_prompt``; the server's ``speculative_responses``);
-        ``tool_preamble``: the server's default for spoken preambles before tool calls (``preamble_mode``)."""
+        ``tool_preamble``: the server's default for spoken preambles before tool calls (``preamble_mode``);
+        ``backchannel_filter``: tell the audio-in stage when an answer is heard (``AnswerStarted``), so speech over
+        it is decided before it barges in (off: the stage never holds a speech start)."""
         self.session_id = session_id
         self._send, self._purge_audio = send, purge_audio
         self._commands, self._observations = commands, observations
@@ -65,6 +67,7 @@ class ResponseLifecycle:
         self.active: Response | None = None
         self.hints = prefill_hints
         self.tool_preamble = tool_preamble
+        self.backchannel_filter = backchannel_filter
         self._running: dict[str, tuple[Response, OutputEncoder | None]] = {}
         self.finished = 0  # responses ended (done, cancelled or failed): the session's closing log line counts them
 
@@ -251,6 +254,8 @@ class ResponseLifecycle:
 
     def _first_audio(self, resp: Response) -> None:
         resp.first_audio = time.perf_counter()
+        if self.backchannel_filter:  # heard from now: speech over it is a candidate interruption until it has played
+            self._commands.append(cmd.AnswerStarted())
         ttfa = resp.ttfa_ms()
         if ttfa is not None:
             self._observations.append(("ttfa", ttfa / 1000))
@@ -323,8 +328,9 @@ class ResponseLifecycle:
         td = self._config().turn_detection
         if state is ResponseState.DONE and resp.in_conversation and not resp.calls and self._config().answers_turns:
             self.hint_next_prompt(self._config(), "")  # the user's next turn answers this: its prefix is known now
-        if td is not None and td.idle_timeout_ms:  # the idle clock restarts after its playback
-            self._commands.append(cmd.ResponseDone(resp.item.audio_ms))
+        if resp.first_audio is not None or (td is not None and td.idle_timeout_ms):
+            # the idle clock restarts after its playback; a heard answer is heard until then (or no more: cut short)
+            self._commands.append(cmd.ResponseDone(resp.item.audio_ms, played=state is ResponseState.DONE))
 
     def _message_done(self, resp: Response, state: ResponseState) -> None:
         """The done events of the response's message item."""

@@ -49,8 +49,17 @@ class TurnTaking:
             self.discard_all_held()
             turn = self.turns.get(ev.turn)
             self.send({"type": "input_audio_buffer.speech_started", "audio_start_ms": int(ev.audio_start_ms), "item_id": turn.item_id})
+            if ev.decision_ms is not None:  # held as a candidate: a paused playback ends with the barge-in's clear
+                self._observations.append(("interruption_decision", ev.decision_ms / 1000))
             if td is None or td.interrupt_response:
                 self.responses.cancel_active("turn_detected")  # drops its queued audio, also what was queued before
+        elif isinstance(ev, c.InterruptionCandidate):  # speech over the answer, not yet decided: no client event
+            self._commands.append(cmd.PausePlayback(True))
+        elif isinstance(ev, c.BackchannelDropped):  # a backchannel: the answer goes on, no turn
+            self.log.info("backchannel %r (%.0f ms of speech) kept the answer; decided %.0f ms after its onset",
+                          ev.text, ev.speech_ms, ev.decision_ms)
+            self._observations.append(("interruption_decision", ev.decision_ms / 1000))
+            self._commands.append(cmd.PausePlayback(False))
         elif isinstance(ev, c.SpeechStopped):
             turn = self.turns.get(ev.turn)
             turn.mark_end()

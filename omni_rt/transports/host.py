@@ -27,6 +27,7 @@ class TransportSettings(Protocol):
     webrtc_max_pending_per_client: int  # of those, from one source address
     webrtc_connect_timeout_s: float  # a pending call not connected by then is freed
     tool_preamble: str  # "auto" | "off": the sessions' default (omni_rt.engine.tools.preamble)
+    backchannel_filter: bool  # speech over a heard answer is decided before it barges in (omni_rt.stages.asr.interruption)
 
 
 class TransportHost(Protocol):
@@ -53,5 +54,6 @@ def new_session(host: TransportHost, model: str | None = None, *, beta_events: b
     options = SessionOptions(model_name=model[:MAX_MODEL_NAME_CHARS] if model else host.model_name,
                              speculative_responses=host.settings.speculative_responses, beta_events=beta_events,
                              tool_preamble=getattr(host.settings, "tool_preamble", "auto"),
+                             backchannel_filter=getattr(host.settings, "backchannel_filter", True),
                              voices=tuple(host.config.voices))
     return RealtimeSession(options, host.session_limits(), session=session)

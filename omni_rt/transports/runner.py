@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from omni_rt.pipeline.coordinator import PipelineError, ResultItem, StreamItem
 from omni_rt.realtime.errors import ProtocolError
@@ -38,6 +38,8 @@ class SessionRunner:
         self.close_request: cmd.CloseConnection | None = None
         self._wake = asyncio.Event()
         self._tasks: dict[str, asyncio.Task] = {}
+        # a transport that paces the answer's playback (WebRTC) pauses and resumes it here (cmd.PausePlayback)
+        self.on_playback: Callable[[bool], None] | None = None
 
     # ---- inputs --------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -116,6 +118,9 @@ class SessionRunner:
                 coord.session_control(sid, self.audio_in, c)
             elif isinstance(c, cmd.CloseAudioIn):
                 coord.close_session(sid)
+            elif isinstance(c, cmd.PausePlayback):
+                if self.on_playback is not None:
+                    self.on_playback(c.paused)
             elif isinstance(c, cmd.CloseConnection):
                 self.close_request = c
         self._observe()

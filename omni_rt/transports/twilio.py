@@ -2,7 +2,10 @@
 
 In: ``connected``, ``start``, ``media``, ``dtmf``, ``mark``, ``stop``. Out: ``media`` (20 ms μ-law frames),
 ``mark`` (after each audio chunk, so Twilio tells us what the caller has heard), ``clear`` (barge-in).
-The bridge only translates: turns, answers and barge-in are the RealtimeSession's. Twilio's messages are
+The bridge only translates: turns, answers and barge-in are the RealtimeSession's. Speech over the answer that
+may be a backchannel (``omni_rt.stages.asr.interruption``) holds the answer: Twilio buffers what it was sent and
+cannot pause, so the bridge sends ``clear`` and keeps the answer's audio from the last mark Twilio echoed; a
+backchannel sends it again from there (``pause``), an interruption is the barge-in it always was. Twilio's messages are
 validated field by field: a wrong-typed field is logged and the message ignored, and the call goes on.
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 from typing import Any
@@ -29,6 +33,7 @@ BYTES_PER_MS = 8
 MAX_DTMF_DIGITS = 64  # digits kept per call (oldest dropped)
 MAX_FIELD_CHARS = 128  # ids, track and mark names
 MAX_MEDIA_PAYLOAD_CHARS = 1 << 16  # base64 of one media frame (Twilio sends 160 bytes)
+MAX_KEPT_BYTES = BYTES_PER_MS * 1000 * 300  # the answer's audio kept for a resume: its last 5 minutes
 
 
 def _str_field(obj: dict[str, Any], key: str, limit: int = MAX_FIELD_CHARS) -> str | None:
@@ -54,6 +59,15 @@ class TwilioCall:
         self.heard: tuple[str, int] | None = None  # (item id, ms) of the last mark Twilio echoed
         self.marks_echoed = 0
         self.dtmf: list[str] = []
+        # the current assistant item's audio since the last mark echoed, for a resume: its bytes and (ms, end byte)
+        # of each mark in it; while held, ``held`` is (item id, ms heard) and new audio waits here
+        self._item: str | None = None
+        self._kept = bytearray()
+        self._kept_marks: list[tuple[int, int]] = []
+        self.held: tuple[str, int] | None = None
+        self._resuming = False  # the kept audio is being sent again: new audio joins it, in order
+        self.send: Any = None  # async callable(message): sends outside the event stream (pause, resume)
+        self._tasks: set[asyncio.Task] = set()
 
     # ---- Realtime event -> Twilio messages (runs in the sender, in order) ------------------------
     def encode(self, event: dict[str, Any]) -> list[dict[str, Any]]:
@@ -70,14 +84,68 @@ class TwilioCall:
             ]
             end_ms = self.sent_ms.get(item_id, 0) + len(audio) // BYTES_PER_MS
             self.sent_ms[item_id] = end_ms
+            self._keep(item_id, audio, end_ms)
+            if self.held is not None or self._resuming:
+                return []  # sent on resume, in order
             out.append({"event": "mark", "streamSid": self.stream_sid, "mark": {"name": f"{item_id}:{end_ms}"}})
             return out
         if etype == "input_audio_buffer.speech_started":
+            if self.held is not None:  # held for a candidate that was an interruption: what was heard is where it held
+                self.heard, self.held = self.held, None
             self._truncate_to_heard()
             return [{"event": "clear", "streamSid": self.stream_sid}]
         if etype == "error":
             log.info("call %s: %s", self.call_sid, event["error"]["message"])
         return []
+
+    def _keep(self, item_id: str, audio: bytes, end_ms: int) -> None:
+        if item_id != self._item:
+            self._item, self._kept, self._kept_marks = item_id, bytearray(), []
+        self._kept += audio
+        self._kept_marks.append((end_ms, len(self._kept)))
+        if len(self._kept) > MAX_KEPT_BYTES:  # the oldest audio goes, with the marks inside it
+            drop = len(self._kept) - MAX_KEPT_BYTES
+            del self._kept[:drop]
+            self._kept_marks = [(ms, end - drop) for ms, end in self._kept_marks if end - drop > 0]
+
+    def pause(self, paused: bool) -> None:
+        """Hold the answer (``clear``: Twilio drops what it buffered) or send it again from where it was heard."""
+        if self.stream_sid is None or self.send is None or self._item is None:
+            return
+        if paused and self.held is None and not self._resuming:
+            heard = self.heard[1] if self.heard is not None and self.heard[0] == self._item else 0
+            self.held = (self._item, heard)
+            self._spawn(self.send({"event": "clear", "streamSid": self.stream_sid}))
+        elif not paused and self.held is not None:
+            item_id, heard = self.held
+            self.held = None
+            if item_id == self._item:
+                self._resuming = True
+                self._spawn(self._resend(heard))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resend(self, heard_ms: int) -> None:
+        """The kept audio after ``heard_ms`` as media frames, each original mark after the frame that holds it;
+        audio that arrives meanwhile is kept and sent in turn, so the order holds."""
+        item_id = self._item
+        pos = next((end for ms, end in self._kept_marks if ms == heard_ms), 0)
+        try:
+            for _ in range(MAX_KEPT_BYTES // FRAME_BYTES + 1):  # bounded: at most the kept audio, frame by frame
+                if item_id != self._item or pos >= len(self._kept) or self.held is not None:
+                    break
+                chunk = bytes(self._kept[pos:pos + FRAME_BYTES])
+                marks = [ms for ms, end in self._kept_marks if pos < end <= pos + len(chunk)]
+                pos += len(chunk)
+                await self.send({"event": "media", "streamSid": self.stream_sid,
+                                 "media": {"payload": base64.b64encode(chunk).decode("ascii")}})
+                if marks:
+                    await self.send({"event": "mark", "streamSid": self.stream_sid, "mark": {"name": f"{item_id}:{marks[-1]}"}})
+        finally:
+            self._resuming = False
 
     def _truncate_to_heard(self) -> None:
         """Barge-in: the assistant's history keeps only what the caller heard (the last echoed mark)."""
@@ -124,7 +192,7 @@ class TwilioCall:
         if event == "mark":
             name = _str_field(_obj_field(msg, "mark"), "name") or ""
             item_id, _, ms = name.rpartition(":")
-            if item_id and ms.isdigit() and len(ms) <= 9:
+            if item_id and ms.isdigit() and len(ms) <= 9 and self.held is None:  # held: where it held stays heard
                 self.heard = (item_id, int(ms))
                 self.marks_echoed += 1
             return True
@@ -144,6 +212,13 @@ async def twilio_endpoint(ws: WebSocket, runtime: TransportHost) -> None:
     runner = SessionRunner(runtime, new_session(runtime, "twilio", session={
         "audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}}}), "twilio")
     call = TwilioCall(runner)
+
+    async def send(message: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):  # the call may be gone: the event sender reports that
+            await ws.send_text(json.dumps(message))
+
+    call.send = send
+    runner.on_playback = call.pause
 
     async def receive(ws: WebSocket, runner: SessionRunner) -> None:
         while True:

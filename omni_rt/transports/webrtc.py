@@ -82,6 +82,7 @@ class Call:
         # No STUN/TURN: aiortc's default would reach stun.l.google.com. The answer carries host candidates.
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.track = PacedAudioTrack(self._audio_started, self._audio_stopped)
+        runner.on_playback = self.track.pause  # held while speech over it may be a backchannel, resumed if it was
         self.channel: Any = None
         self.channel_open = asyncio.Event()
         self.ended = asyncio.Event()
@@ -265,6 +266,8 @@ class Call:
             td = self.session.config.turn_detection
             if td is None or td.interrupt_response:
                 self._clear_audio()
+            else:  # the client keeps the answer playing through speech: a pause for a candidate ends here
+                self.track.pause(False)
         elif etype == "response.done" and event.get("response", {}).get("status") == "cancelled":
             self._clear_audio()
 

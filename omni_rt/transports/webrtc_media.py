@@ -118,6 +118,10 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
     aiortc's sender pulls ``recv()`` as fast as it returns, so the pacing lives here (as in aiortc's own
     ``AudioStreamTrack``). A frame counts as played when handed out; ``played_ms`` per item is what the
     listener heard (give or take their jitter buffer).
+
+    ``pause(True)``: silence goes out and the queue waits (speech over the answer that may be a backchannel,
+    ``omni_rt.stages.asr.interruption``); ``pause(False)`` goes on from the frame it stopped at, on the next 20 ms
+    tick; ``clear`` (the barge-in) drops the queue and ends a pause.
     """
 
     kind = "audio"
@@ -137,6 +141,7 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
         self._wire = WireEncoder()
         self._idle_waiter: asyncio.Future | None = None  # set while recv() sleeps with nothing queued
         self._ahead = 0.0  # seconds the send clock runs ahead of the RTP clock (early first frames), repaid in silence
+        self.paused = False  # the queue waits, silence goes out
 
     def push(self, response_id: str, item_id: str, samples: np.ndarray) -> None:
         """Queue float32 48 kHz audio of one response (whole frames; a short tail waits for more)."""
@@ -162,8 +167,19 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
             self._partial = None
         self._ending.add(response_id)
 
+    def pause(self, paused: bool) -> None:
+        """Hold the answer (silence goes out) or go on from where it was held."""
+        self.paused = paused
+        if not paused and self._frames and self._idle_waiter is not None and not self._idle_waiter.done():
+            self._idle_waiter.set_result(None)
+
+    def _ready(self) -> bool:
+        """A frame of the answer is due to go out (queued and not held)."""
+        return bool(self._frames) and not self.paused
+
     def clear(self) -> str | None:
-        """Barge-in: drop everything queued now; returns the response that was cut off, if any."""
+        """Barge-in: drop everything queued now and end a pause; returns the response that was cut off, if any."""
+        self.paused = False
         cut = self._playing or (self._frames[0][0] if self._frames else None) or (self._partial[0] if self._partial else None)
         self._frames.clear()
         self._partial = None
@@ -190,12 +206,12 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
             self._start = loop.time()
         else:
             self._pts += FRAME_SAMPLES
-            if not self._frames and self._ahead > 0:  # silence: slip back toward the RTP clock, 2 ms a frame
+            if not self._ready() and self._ahead > 0:  # silence: slip back toward the RTP clock, 2 ms a frame
                 repay = min(self._ahead, MAX_SILENCE_SLIP_S)
                 self._start += repay
                 self._ahead -= repay
             wait = self._start + self._pts / WIRE_RATE - loop.time()
-            if wait > 0 and not self._frames:
+            if wait > 0 and not self._ready():
                 # idle (silence going out): an answer's first frame goes out when it arrives, not at the next
                 # tick (up to 20 ms sooner); the receiver takes that frame early in its stride, and the silence
                 # after the answer gives the time back
@@ -206,7 +222,7 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
                 finally:
                     timer.cancel()
                     self._idle_waiter = None
-                if self._frames:
+                if self._ready():
                     early = self._start + self._pts / WIRE_RATE - loop.time()
                     if early > 0:
                         self._start -= early
@@ -217,14 +233,14 @@ class PacedAudioTrack(_track_base() if webrtc_available() else object):  # type:
                 self._start = loop.time() - self._pts / WIRE_RATE
                 self._ahead = 0.0
         pcm = self._silence
-        if self._frames:
+        if self._ready():
             response_id, item_id, pcm = self._frames.popleft()
             if self._playing != response_id:
                 self._playing = response_id
                 self._on_started(response_id)
             self.played[item_id] = self.played.get(item_id, 0) + FRAME_SAMPLES
             self.last_item = item_id
-        if self._playing is not None and not self._frames and self._playing in self._ending:
+        if self._playing is not None and not self._frames and not self.paused and self._playing in self._ending:
             self._ending.discard(self._playing)
             self._on_stopped(self._playing)
             self._playing = None

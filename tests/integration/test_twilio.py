@@ -191,3 +191,50 @@ async def test_twilio_call(live_server, speech_samples, whisper):
         await ws.close()
     state = live_server.wait_idle(timeout=30)
     assert state["total"] == 0 and state["sessions"] == 0, state
+
+
+async def test_twilio_backchannel_holds_and_resumes_the_answer(live_server, speech_samples):
+    """"Yeah." over a long answer: the bridge holds it (``clear``) while it is decided, then sends the rest of the
+    answer again from the last mark the caller heard; no barge-in, the answer plays on."""
+    from omni_rt.backends.tts_piper import PiperTTS
+
+    tts = PiperTTS(noise_scale=0.0, noise_w_scale=0.0)
+    yeah = ulaw_frames_b64(tts.synthesize("Yeah."), tts.sample_rate)
+    long_q = ulaw_frames_b64(*speech_samples["long"][:2])
+    ws = await websockets.connect(f"{live_server.ws_url}/v1/telephony/twilio", max_size=None, open_timeout=60)
+    peer = FakeTwilio(ws)
+    tasks: list[asyncio.Task] = []
+    try:
+        async with asyncio.timeout(180):
+            await peer.send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+            await peer.send({"event": "start", "streamSid": STREAM_SID, "start": {
+                "accountSid": "AC0123", "streamSid": STREAM_SID, "callSid": CALL_SID, "tracks": ["inbound"],
+                "customParameters": {}, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}})
+            listener = asyncio.create_task(peer.listen())
+            tasks = [listener, asyncio.create_task(peer.call()), asyncio.create_task(peer.play())]
+            peer.caller.extend(long_q)
+            await wait_for(lambda: peer.items() and any(m.startswith(peer.items()[0] + ":") for m in peer.marks_echoed),
+                           "the long answer playing", timeout=150)
+            item = peer.items()[0]
+            await asyncio.sleep(0.5)
+            clears_before = len(peer.clears)
+            peer.caller.extend(yeah)
+            await wait_for(lambda: len(peer.clears) > clears_before, "the answer held (clear)", timeout=20)
+            i_clear = [i for i, (_, m) in enumerate(peer.received) if m["event"] == "clear"][clears_before]
+            heard_ms = max(int(m.rpartition(":")[2]) for m in peer.marks_echoed if m.startswith(item + ":"))
+            await wait_for(lambda: any(m["event"] == "media" for _, m in peer.received[i_clear + 1:]), "the answer resumed", timeout=10)
+            t_resume = next(t for t, m in peer.received[i_clear + 1:] if m["event"] == "media")
+            resumed = [int(m["mark"]["name"].rpartition(":")[2]) for _, m in peer.received[i_clear + 1:]
+                       if m["event"] == "mark" and m["mark"]["name"].startswith(item + ":")]
+            await wait_for(lambda: len(peer.marks_echoed) > 0 and peer.marks_echoed[-1].startswith(item + ":")
+                           and int(peer.marks_echoed[-1].rpartition(":")[2]) > heard_ms + 1000, "the answer playing on", timeout=30)
+            print(f"\nheld at {heard_ms} ms of the answer, resumed {1000 * (t_resume - peer.received[i_clear][0]):.0f} ms "
+                  f"after the clear; first resumed mark {resumed[:1]}")
+            assert resumed and resumed[0] > heard_ms, (heard_ms, resumed[:3])
+            assert len(peer.clears) == clears_before + 1, "a second clear: the backchannel barged in"
+    finally:
+        for task in tasks:
+            task.cancel()
+        await ws.close()
+    state = live_server.wait_idle(timeout=30)
+    assert state["total"] == 0 and state["sessions"] == 0, state

@@ -31,6 +31,8 @@ class Transcriber(Protocol):
 
     # optional too: each text with Whisper's probability of its last word (semantic_vad's speculative decodes)
     # def transcribe_batch_scored(self, audios: list[np.ndarray]) -> list[tuple[str, float | None]]: ...
+    # optional too: a quick look, only the first words of a short piece of speech (``DecodeJob.brief``)
+    # def transcribe_brief(self, audio: np.ndarray) -> str: ...
 
 
 @dataclass
@@ -44,6 +46,7 @@ class DecodeJob:
     wanted: Callable[[], bool] | None
     meta: dict[str, Any]
     scored: bool = False  # wants the last word's probability too (``last_word_prob`` in the result)
+    brief: bool = False  # only its first words are wanted (``transcribe_brief``, when it runs alone)
 
 
 class DecodeQueue:
@@ -142,7 +145,10 @@ class DecodeQueue:
         error = None
         try:
             scored = getattr(self.transcriber, "transcribe_batch_scored", None)
-            if live and scored is not None and any(j.scored for j in live):
+            brief = getattr(self.transcriber, "transcribe_brief", None)
+            if len(live) == 1 and live[0].brief and brief is not None:
+                results = [(brief(live[0].audio), None)]
+            elif live and scored is not None and any(j.scored for j in live):
                 results = list(scored([j.audio for j in live]))
             elif len(live) == 1:
                 results = [(self.transcriber.transcribe(live[0].audio), None)]

@@ -45,6 +45,7 @@ def create_asr_stage(
     vad_sound_end_ratio: float | None = None,
     min_window_s: float | None = None,
     noise_reduction: bool = True,
+    backchannel_filter: bool = True,
 ) -> AsrWorker:
     """Factory for the pipeline config: the preset names the backend and model.
 
@@ -57,7 +58,11 @@ def create_asr_stage(
     (``omni_rt.engine.weights.random_init``; ``random_size="tiny"`` for CPU), so the preset runs with no hub weights.
     ``noise_reduction``: whether sessions may turn on ``audio.input.noise_reduction`` (RNNoise,
     ``omni_rt.backends.denoise``); False refuses it server-wide with ``noise_reduction_unavailable``.
+    ``backchannel_filter``: speech over a heard answer is decided (backchannel or interruption,
+    ``omni_rt.stages.asr.interruption``) before it barges in; False: every speech start barges in at once.
     """
+    if not isinstance(backchannel_filter, bool):
+        raise ValueError(f"stage 'asr' field 'backchannel_filter': true or false, not {backchannel_filter!r}")
     from omni_rt.backends.vad import SileroVadModel
 
     for field, ms in (("partial_interval_ms", partial_interval_ms), ("partial_alone_interval_ms", partial_alone_interval_ms)):
@@ -105,6 +110,7 @@ def create_asr_stage(
         idle_timeout_s=idle_timeout_s,
         vad_sound_end_ratio=vad_sound_end_ratio,
         denoiser=_denoiser() if noise_reduction else None,
+        backchannel_filter=backchannel_filter,
     )
     try:
         scheduler.turn_model()  # load Smart Turn at start-up, not on the first semantic_vad session.update

@@ -61,16 +61,26 @@ whether it is on or off; turning it off drops its delayed last ~12 ms for the sa
 off for the whole server (``denoiser=None``): the session's update is then refused with
 ``noise_reduction_unavailable``.
 
+Backchannels (``omni_rt.stages.asr.interruption``, the decision and why it is made from Whisper's words): while
+the session's answer is heard (``AnswerStarted`` .. ``ResponseDone`` plus its audio's length) a speech start is
+held as a candidate (``InterruptionCandidate``), transcribed once ``FIRST_LOOK_MS`` of it is in and at its pause,
+and either emitted as the ``SpeechStarted`` it would have been (an interruption: the turn goes on as any other) or
+dropped with its audio (``BackchannelDropped``). While a candidate is undecided no partial, speculative decode or
+turn verdict runs on it. The preset's ``backchannel_filter: false`` turns it off: every speech start is a barge-in
+(the server's ``--no-backchannel-filter`` does it in the session: it never sends ``AnswerStarted``).
+
 Session ops (``omni_rt.contracts.audio_in``, typed): ``OpenAudioIn`` and ``UpdateAudioIn`` (the session's
 ``AudioInSettings``: turn detection, partials and noise reduction; an update is answered ``AudioInUpdated`` or
 ``AudioInUpdateRefused``), ``CommitAudioIn`` (end the turn now: manual turn taking), ``ClearAudioIn`` (drop
-buffered audio), ``ResponseDone``. Appends are float32 16 kHz arrays. Events out (``omni_rt.contracts.payloads``, each tagged with its turn number): ``SpeechStarted``,
+buffered audio), ``ResponseDone``, ``AnswerStarted``. Appends are float32 16 kHz arrays. Events out (``omni_rt.contracts.payloads``, each tagged with its turn number): ``SpeechStarted``,
 ``SpeechStopped``, ``Committed``, ``Cleared``, ``TranscriptPartial``, ``TranscriptSpeculative``,
-``SpeculationCancelled``, ``TranscriptFinal``, ``TurnScored``, ``TimeoutTriggered``.
+``SpeculationCancelled``, ``TranscriptFinal``, ``TurnScored``, ``TimeoutTriggered``, ``InterruptionCandidate``,
+``BackchannelDropped``.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +92,7 @@ from omni_rt.pipeline.schedulers.session import Session, SessionLimitError, Sess
 from omni_rt.audio import PIPELINE_INPUT_RATE
 from omni_rt.contracts.audio_in import (
     NOISE_REDUCTION_UNAVAILABLE,
+    AnswerStarted,
     ClearAudioIn,
     CommitAudioIn,
     OpenAudioIn,
@@ -90,12 +101,23 @@ from omni_rt.contracts.audio_in import (
 )
 from omni_rt.contracts.turn_detection import TurnDetectionConfig
 from omni_rt.stages.asr.decoding import DecodeJob, DecodeQueue, Transcriber
+from omni_rt.stages.asr.interruption import (
+    FIRST_LOOK_MS,
+    MAX_DECODES,
+    NEXT_LOOK_MS,
+    PAUSE_MS,
+    AnswerPlayback,
+    Candidate,
+    decide,
+)
 from omni_rt.stages.asr.turn_audio import TurnAudio
 from omni_rt.stages.asr.turn_rule import SCORE_AFTER_MS, SECOND_LOOK_MS, TurnDetection
 from omni_rt.stages.asr.turn_scoring import PauseVerdict, TurnScorer
 from omni_rt.contracts.payloads import (
+    BackchannelDropped,
     Cleared,
     Committed,
+    InterruptionCandidate,
     SpeculationCancelled,
     SpeechStarted,
     SpeechStopped,
@@ -107,6 +129,8 @@ from omni_rt.contracts.payloads import (
 )
 
 __all__ = ["AsrState", "AsrWorker"]
+
+log = logging.getLogger("omni_rt.asr")
 
 SAMPLE_RATE = PIPELINE_INPUT_RATE
 # a partial decode starts only while the sound goes on (the first 2 Silero frames of a pause are a stop inside a
@@ -136,6 +160,8 @@ class AsrState:
     idle_from: int | None = 0  # stream sample from which the idle timeout counts (None: not counting)
     denoise: Any = None  # the session's StreamingDenoiser (noise_reduction on), else None
     noise_reduction: str | None = None  # the type the session asked for (near_field / far_field)
+    playback: AnswerPlayback = field(default_factory=AnswerPlayback)  # when the session's answer is heard
+    candidate: Candidate | None = None  # speech over the answer, not yet decided (interruption.py)
 
 
 class AsrWorker(SessionScheduler):
@@ -154,6 +180,7 @@ class AsrWorker(SessionScheduler):
         max_batch: int = 1,
         vad_sound_end_ratio: float | None = None,
         denoiser: Any = None,
+        backchannel_filter: bool = True,
         **limits: Any,
     ) -> None:
         super().__init__(name="asr", **limits)
@@ -178,6 +205,9 @@ class AsrWorker(SessionScheduler):
         # the RNNoise library (omni_rt.backends.denoise.RNNoiseLibrary), a str saying why there is none (the package
         # is missing), or None: the preset turned noise reduction off
         self.denoiser = denoiser
+        # speech over a heard answer is decided (backchannel or interruption) before it barges in
+        self.backchannel_filter = backchannel_filter
+        self.counters.update({"backchannels_dropped": 0, "interruptions": 0})
 
     @property
     def max_batch(self) -> int:
@@ -241,10 +271,10 @@ class AsrWorker(SessionScheduler):
         return self._turns.model()
 
     def _decode(self, session_id: str, kind: str, audio: np.ndarray, wanted: Any = None, scored: bool = False,
-                **meta: Any) -> None:
+                brief: bool = False, **meta: Any) -> None:
         """Transcribe on the decode worker; the result returns to the session thread as a ``_decoded`` op
-        (``scored``: with the last word's probability, for semantic_vad's verdict)."""
-        self._decoder.submit(DecodeJob(session_id, kind, audio.copy(), wanted, meta, scored))
+        (``scored``: with the last word's probability, for semantic_vad's verdict; ``brief``: its first words)."""
+        self._decoder.submit(DecodeJob(session_id, kind, audio.copy(), wanted, meta, scored, brief))
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _new_vad(self, td: TurnDetection) -> Any:
@@ -332,7 +362,12 @@ class AsrWorker(SessionScheduler):
             st.noise_reduction = nr
         elif isinstance(data, ResponseDone):
             # the idle clock restarts once the answer has played (its audio length from now, an upper bound)
-            st.idle_from = st.seg.stream_samples + int(float(data.audio_ms or 0) * SAMPLE_RATE / 1000)
+            audio = int(float(data.audio_ms or 0) * SAMPLE_RATE / 1000)
+            st.idle_from = st.seg.stream_samples + audio
+            st.playback.done(st.seg.stream_samples, audio, data.played)
+        elif isinstance(data, AnswerStarted):
+            if self.backchannel_filter:
+                st.playback.started(st.seg.stream_samples)
         elif op == "_scored":
             self._scored(session, st, data)
         elif isinstance(data, CommitAudioIn):
@@ -346,6 +381,8 @@ class AsrWorker(SessionScheduler):
                     f"{self.max_queued_decodes} committed turns of this session are still waiting to be "
                     "transcribed; the audio stays in the buffer: commit again after a transcript arrives",
                 )
+            if st.candidate is not None:  # the client ends the turn: the speech was meant
+                self._interrupt(session, st, finish=False)
             if st.seg.vad.in_speech:
                 self.emit(session.session_id, "event", SpeechStopped(st.turn + 1, self._ms(st.seg.stream_samples)))
                 st.seg.vad.reset()
@@ -353,6 +390,8 @@ class AsrWorker(SessionScheduler):
         elif op == "_decoded":
             self._decoded(session, st, data)
         elif isinstance(data, ClearAudioIn):
+            if st.candidate is not None:  # its audio is gone: nothing to decide, a paused playback goes on
+                self._drop_candidate(session, st, "")
             st.seg.vad.reset()
             self._reset_turn(session, st)
             self.emit(session.session_id, "event", Cleared(st.turn + 1))
@@ -377,10 +416,22 @@ class AsrWorker(SessionScheduler):
                 keep_ms = self._ms(st.seg.stream_samples) - ev.audio_ms  # audio_ms already includes the prefix padding
                 self._reset_turn(session, st, keep_ms=max(0, keep_ms))
                 st.idle_from = None
-                self.emit(sid, "event", SpeechStarted(st.turn + 1, ev.audio_ms))
+                if st.playback.audible(st.seg.stream_samples):  # over the answer: decided before it barges in
+                    onset = int(ev.speech_ms * SAMPLE_RATE / 1000)
+                    st.candidate = Candidate(onset=onset, audio_start_ms=ev.audio_ms, epoch=st.epoch)
+                    self.emit(sid, "event", InterruptionCandidate(st.turn + 1, ev.audio_ms))
+                else:
+                    self.emit(sid, "event", SpeechStarted(st.turn + 1, ev.audio_ms))
+            elif ev.kind == "speech_stopped" and st.candidate is not None:
+                st.candidate.stopped_ms = ev.audio_ms  # the turn ends once the candidate is decided
+                st.candidate.sound_end = int(ev.speech_ms * SAMPLE_RATE / 1000)
             elif ev.kind == "speech_stopped":
                 self.emit(sid, "event", SpeechStopped(st.turn + 1, ev.audio_ms))
                 self._finish_turn(session, st, trigger="vad")
+        if st.candidate is not None:
+            self._candidate_step(session, st)
+            if st.candidate is not None:  # undecided: no partial, speculative decode or verdict on it yet
+                return
         if st.seg.vad.in_speech:
             if st.td.semantic is not None:
                 self._semantic_pause(session, st)
@@ -435,6 +486,78 @@ class AsrWorker(SessionScheduler):
         if st.partials and due and self._decodes_in_flight == 0 and st.seg.vad.sound_silence_ms < PARTIAL_IN_PAUSE_MS:
             st.last_partial_samples = st.seg.samples
             self._decode(sid, "partial", st.seg.audio(), epoch=st.epoch, turn=st.turn + 1)
+
+    # ---- speech over a heard answer (interruption.py) ------------------------------------------------
+    def _candidate_step(self, session: Session, st: AsrState) -> None:
+        """Decide the candidate if its words so far allow; else start the decode it needs next (the first look,
+        one per ``FIRST_LOOK_MS`` of further speech, one at its pause), at most ``MAX_DECODES``."""
+        cand = st.candidate
+        assert cand is not None
+        now = st.seg.stream_samples
+        if cand.stopped_ms is not None:
+            sound_end = cand.sound_end
+        else:
+            sound_end = now - int(st.seg.vad.sound_silence_ms * SAMPLE_RATE / 1000)
+        paused = cand.stopped_ms is not None or st.seg.vad.sound_silence_ms >= PAUSE_MS
+        covered = cand.decoded_to >= sound_end or cand.decodes >= MAX_DECODES
+        # how long the sound has lasted (not the silence after it, nor the wait for a decode)
+        sound_ms = cand.speech_ms(sound_end if paused else now, SAMPLE_RATE)
+        verdict = decide(cand.text, sound_ms, paused and covered and not cand.pending)
+        if verdict == "interruption":
+            self._interrupt(session, st)
+            return
+        if verdict == "backchannel":
+            self._drop_candidate(session, st, cand.text or "")
+            return
+        if cand.pending or cand.decodes >= MAX_DECODES:
+            return
+        first, nxt = int(FIRST_LOOK_MS * SAMPLE_RATE / 1000), int(NEXT_LOOK_MS * SAMPLE_RATE / 1000)
+        if (paused and not covered) or (cand.decodes == 0 and now - cand.onset >= first) or (cand.decodes and now - cand.decoded_to >= nxt):
+            cand.pending, cand.decoded_to = True, now
+            cand.decodes += 1
+            self._decode(session.session_id, "candidate", st.seg.audio(), brief=True, epoch=cand.epoch, turn=st.turn + 1)
+
+    def _candidate_decoded(self, session: Session, st: AsrState, data: dict[str, Any]) -> None:
+        cand = st.candidate
+        if cand is None or data["epoch"] != cand.epoch:
+            return  # decided (or cleared) while it ran
+        cand.pending, cand.text = False, data["text"]
+        cand.history.append(data["text"])
+        self._candidate_step(session, st)
+
+    def _decision_ms(self, st: AsrState, cand: Candidate) -> float:
+        return round(cand.speech_ms(st.seg.stream_samples, SAMPLE_RATE), 1)
+
+    def _interrupt(self, session: Session, st: AsrState, finish: bool = True) -> None:
+        """The candidate is a real interruption: the held ``SpeechStarted`` goes out with its onset, and the turn
+        goes on as any barge-in (``finish``: and ends now if the VAD already heard its end)."""
+        cand, st.candidate = st.candidate, None
+        assert cand is not None
+        self.counters["interruptions"] += 1
+        decision_ms = self._decision_ms(st, cand)
+        log.debug("session %s: interruption after %.0f ms (%s)", session.session_id, decision_ms, cand.history)
+        self.emit(session.session_id, "event", SpeechStarted(st.turn + 1, cand.audio_start_ms, decision_ms=decision_ms))
+        if finish and cand.stopped_ms is not None:
+            self.emit(session.session_id, "event", SpeechStopped(st.turn + 1, cand.stopped_ms))
+            self._finish_turn(session, st, trigger="vad")
+
+    def _drop_candidate(self, session: Session, st: AsrState, text: str) -> None:
+        """A backchannel (or no words): its audio and speech are dropped, no turn begins; the VAD ends the
+        speech now (keeping its state) so the next speech start is found as usual."""
+        cand, st.candidate = st.candidate, None
+        assert cand is not None
+        self.counters["backchannels_dropped"] += 1
+        if cand.stopped_ms is not None:
+            speech_end = cand.sound_end
+        else:
+            speech_end = st.seg.stream_samples - int(st.seg.vad.sound_silence_ms * SAMPLE_RATE / 1000)
+        if st.seg.vad.in_speech:
+            st.seg.vad.force_stop()
+        self._reset_turn(session, st)
+        st.idle_from = st.seg.stream_samples
+        self.emit(session.session_id, "event", BackchannelDropped(st.turn + 1, text.strip(),
+                                                                  round((speech_end - cand.onset) * 1000 / SAMPLE_RATE, 1),
+                                                                  self._decision_ms(st, cand)))
 
     # ---- semantic_vad and idle timeout -------------------------------------------------------------
     def _likely_end(self, st: AsrState) -> bool:
@@ -570,6 +693,8 @@ class AsrWorker(SessionScheduler):
                     self._announce(sid, st, text, asr_ms=data["asr_ms"])
                 if st.td.semantic is not None and st.seg.vad.in_speech:
                     self._verdict_in(session, st)
+        elif kind == "candidate":
+            self._candidate_decoded(session, st, data)
         elif kind == "partial" and data["epoch"] == st.epoch and text:
             self.emit(sid, "event", TranscriptPartial(data["turn"], text))
 

@@ -1,0 +1,196 @@
+"""Backchannels vs interruptions over a heard answer (``omni_rt.stages.asr.interruption``), at the stage level.
+
+A labelled spoken set: backchannels ("yeah", "uh-huh", "mm hmm", "I see", "oh okay", ...), coughs / noise bursts
+(synthetic: a glottal buzz and breath noise through three formants, one to three bursts, several pitches and
+lengths) and real interruptions of 1-6 words ("Wait.", "No, I meant Paris.", "Wait, stop. What time is it?", ...),
+each spoken by the CPU preset's Piper voice in the turn set's three voice settings (plain; fast + VITS noise; slow
++ VITS noise). Each clip is streamed in 20 ms chunks at real time into the real ASR stage (Silero VAD + Whisper
+tiny.en, the CPU preset's ASR) with an answer being heard (``AnswerStarted``), one session per clip, one at a time.
+
+Reported per class: how many clips barged in (``SpeechStarted``), how many were dropped (``BackchannelDropped``),
+how many Silero never took for speech; and onset -> decision: from the clip's first speech sample (known: the
+silence before it is ours) to the stream position when the decision left the stage (real-time pacing makes the
+stream clock the wall clock; 20 ms resolution). Writes ``latency_bench/results/backchannel.json``; the table is in
+docs/benchmarks/turn-taking.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import queue
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SR = 16000
+LEAD_MS = 400
+TAIL_MS = 1500
+OUT = Path(__file__).parent / "results" / "backchannel.json"
+BACKCHANNELS = ("Yeah.", "Yes.", "Okay.", "Right.", "Sure.", "I see.", "Uh-huh.", "Mmm hmm.", "Oh okay.", "Got it.",
+                "Yeah, right.", "Oh.")
+INTERRUPTIONS = ("Wait.", "Stop.", "Hold on.", "Never mind.", "No, I meant Paris.", "Wait, stop. What time is it?",
+                 "Actually, tell me about cats.", "Can you repeat that?", "What about tomorrow?",
+                 "Sorry, I didn't catch that.", "Go back to the first part.", "Stop talking please.")
+VOICES = (("plain", 1.0, 0.0, 0.0, 0), ("fast+noise", 0.85, 0.667, 0.8, 11), ("slow+noise", 1.2, 0.667, 0.8, 23))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--coughs", type=int, default=24, help="synthetic coughs / noise bursts (default 24)")
+    p.add_argument("--brief-window-s", type=float, default=None,
+                   help="Whisper window of the quick looks (default: the turns' own, 10 s)")
+    p.add_argument("--first-look-ms", type=int, default=None,
+                   help="speech heard before the first look (default: interruption.FIRST_LOOK_MS, 300)")
+    p.add_argument("--out", type=Path, default=OUT)
+
+
+def _resonate(x: np.ndarray, freq: float, bandwidth: float) -> np.ndarray:
+    r, th = np.exp(-np.pi * bandwidth / SR), 2 * np.pi * freq / SR
+    a1, a2, y1, y2 = 2 * r * np.cos(th), -r * r, 0.0, 0.0
+    out = np.empty_like(x)
+    for i, v in enumerate(x):
+        y1, y2 = (1 - r) * v + a1 * y1 + a2 * y2, y1
+        out[i] = y1
+    return out
+
+
+def cough(rng: np.random.Generator) -> np.ndarray:
+    """One to three bursts of a glottal buzz (80-200 Hz) plus breath noise through three formants."""
+    parts = []
+    for k in range(int(rng.integers(1, 4))):
+        n = int(SR * rng.uniform(0.1, 0.3))
+        src = np.zeros(n)
+        src[:: int(SR / rng.uniform(80, 200))] = 1.0
+        y = src + rng.uniform(0.3, 1.0) * rng.normal(0, 1, n)
+        for freq, bw in ((rng.uniform(500, 900), 130), (rng.uniform(1000, 1500), 150), (rng.uniform(2200, 2900), 250)):
+            y = _resonate(y, freq, bw)
+        y *= np.minimum(1, np.linspace(0, 8, n)) * np.exp(-np.linspace(0, rng.uniform(2, 4), n))
+        parts += [(rng.uniform(0.15, 0.35) * y / np.abs(y).max()).astype(np.float32), np.zeros(int(SR * rng.uniform(0.05, 0.15)), np.float32)]
+    return np.concatenate(parts)
+
+
+def clips(n_coughs: int) -> list[dict[str, Any]]:
+    from omni_rt.audio.pcm import resample
+    from omni_rt.backends.tts_piper import PiperTTS
+
+    out = []
+    for name, ls, ns, nw, seed in VOICES:
+        tts = PiperTTS(length_scale=ls, noise_scale=ns, noise_w_scale=nw, seed=seed)
+        for kind, texts in (("backchannel", BACKCHANNELS), ("interruption", INTERRUPTIONS)):
+            for text in texts:
+                out.append({"kind": kind, "text": text, "voice": name,
+                            "audio": resample(tts.synthesize(text), tts.sample_rate, SR).astype(np.float32)})
+    rng = np.random.default_rng(7)
+    out += [{"kind": "cough", "text": f"cough {i}", "voice": "-", "audio": cough(rng)} for i in range(n_coughs)]
+    for c in out:  # Piper's own leading near-silence: the onset is the first loud 10 ms
+        a = c["audio"]
+        n = a.size // 160
+        rms = np.sqrt(np.mean(a[: n * 160].reshape(n, 160) ** 2, axis=1))
+        c["onset"] = int(np.flatnonzero(rms > 0.02 * rms.max())[0]) * 160
+    return out
+
+
+def run_clip(sched: Any, sid: str, clip: dict[str, Any]) -> dict[str, Any]:
+    """Stream one clip at real time over a heard answer; the first decision and where the stream was then."""
+    from omni_rt.contracts import payloads as c
+    from omni_rt.contracts.audio_in import AnswerStarted, AudioInSettings, OpenAudioIn
+    from omni_rt.contracts.turn_detection import SERVER_VAD
+    from omni_rt.pipeline.messages import IncomingMessage
+
+    # the tail: silence until the candidate is decided (a loaded machine decodes slowly), 4 s at most
+    audio = np.concatenate([np.zeros(SR * LEAD_MS // 1000, np.float32), clip["audio"], np.zeros(SR * 4, np.float32)])
+    tail_from = audio.size - SR * 4 + SR * TAIL_MS // 1000
+    onset = SR * LEAD_MS // 1000 + clip["onset"]
+    sched.inbox.put(IncomingMessage(sid, "new_request", OpenAudioIn(AudioInSettings(SERVER_VAD, partials=False))))
+    sched.inbox.put(IncomingMessage(sid, "new_request", AnswerStarted()))
+    step, t0 = SR // 50, time.perf_counter()
+    result: dict[str, Any] = {"outcome": "no speech", "decision_ms": None, "stage_decision_ms": None, "heard": None}
+    sent = 0
+    for i, start in enumerate(range(0, audio.size, step)):
+        if start >= tail_from and result["outcome"] != "candidate":
+            break
+        sched.inbox.put(IncomingMessage(sid, "stream_chunk", audio[start:start + step]))
+        sent = start + step
+        time.sleep(max(0.0, t0 + (i + 1) * 0.02 - time.perf_counter()))
+        while True:
+            try:
+                msg = sched.outbox.get_nowait()
+            except queue.Empty:
+                break
+            if msg.request_id != sid or msg.type != "event" or result["outcome"] not in ("no speech", "candidate"):
+                continue
+            ev = msg.data
+            if isinstance(ev, c.InterruptionCandidate):
+                result["outcome"] = "candidate"
+            elif isinstance(ev, c.SpeechStarted):
+                result.update(outcome="interruption", decision_ms=round((sent - onset) * 1000 / SR), stage_decision_ms=ev.decision_ms)
+            elif isinstance(ev, c.BackchannelDropped):
+                result.update(outcome="backchannel", decision_ms=round((sent - onset) * 1000 / SR),
+                              stage_decision_ms=ev.decision_ms, heard=ev.text)
+    sched.inbox.put(IncomingMessage(sid, "stream_done"))
+    time.sleep(0.3)
+    while True:  # what the closed session left in the outbox
+        try:
+            sched.outbox.get_nowait()
+        except queue.Empty:
+            break
+    return result
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return round(float(np.percentile(xs, q)), 1) if xs else None
+
+
+def command(args: argparse.Namespace) -> None:
+    from omni_rt.backends.vad import SileroVadModel
+    from omni_rt.backends.whisper import FasterWhisperASR
+    from omni_rt.stages.asr.stage import AsrWorker
+
+    set_ = clips(args.coughs)
+    import omni_rt.stages.asr.stage as stage_module
+
+    if args.first_look_ms is not None:  # an ablation: the stage reads the constant at each step
+        stage_module.FIRST_LOOK_MS = args.first_look_ms
+    asr = FasterWhisperASR(cpu_threads=1)
+    if args.brief_window_s is not None:
+        asr.brief_window_s = args.brief_window_s
+    sched = AsrWorker(asr, SileroVadModel())
+    sched.start()
+    t_start, load0 = time.time(), _load()
+    rows = []
+    try:
+        for i, clip in enumerate(set_):
+            r = run_clip(sched, f"bc-{i}", clip)
+            rows.append({k: v for k, v in clip.items() if k != "audio"} | r)
+            print(f"{clip['kind']:12} {clip['voice']:10} {clip['text']!r:34} -> {r['outcome']:12} {r['decision_ms']} ms")
+    finally:
+        sched.stop()
+    summary = {}
+    for kind in ("backchannel", "cough", "interruption"):
+        rs = [r for r in rows if r["kind"] == kind]
+        dec = [r["decision_ms"] for r in rs if r["outcome"] == "interruption"]
+        summary[kind] = {"clips": len(rs), "interrupted": sum(r["outcome"] == "interruption" for r in rs),
+                         "dropped": sum(r["outcome"] == "backchannel" for r in rs),
+                         "no_speech": sum(r["outcome"] == "no speech" for r in rs),
+                         "undecided": sum(r["outcome"] == "candidate" for r in rs),
+                         "onset_to_interruption_ms": {"p50": _pct(dec, 50), "p95": _pct(dec, 95), "max": max(dec) if dec else None},
+                         "onset_to_drop_ms": {"p50": _pct([r["decision_ms"] for r in rs if r["outcome"] == "backchannel"], 50),
+                                              "p95": _pct([r["decision_ms"] for r in rs if r["outcome"] == "backchannel"], 95)}}
+    out = {"when": time.strftime("%Y-%m-%d %H:%M", time.gmtime(t_start)), "seconds": round(time.time() - t_start),
+           "cpu": platform.processor() or platform.machine(), "load_avg": [load0, _load()],
+           "asr": f"faster-whisper tiny.en int8, 1 thread; quick looks in a {asr.brief_window_s:g} s window",
+           "first_look_ms": stage_module.FIRST_LOOK_MS,
+           "summary": summary, "clips": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+def _load() -> float:
+    try:
+        return round(float(Path("/proc/loadavg").read_text().split()[0]), 2)
+    except OSError:
+        return -1.0

@@ -1,0 +1,149 @@
+"""Barge-in while an answer is heard: is overlapping speech a backchannel or a real interruption?
+
+Where barge-in is decided: the ASR stage's VAD finds a speech start and the stage emits ``SpeechStarted``; the
+session cancels the answer on it (``omni_rt.session.turn_taking``). While an answer is being heard
+(``AnswerPlayback``: from its first audio until its audio has played, on the input stream's clock) that start is
+held instead as a *candidate* (``Candidate``): the stage emits ``InterruptionCandidate`` (a transport that paces
+playback pauses it; no client event), keeps the speech's audio and transcribes it with the session's own Whisper
+(the stage's decode queue) once ``FIRST_LOOK_MS`` of it is in, and again at a pause. ``decide`` then says:
+
+* ``interruption``: a word outside ``BACKCHANNEL_WORDS`` ("wait", "stop", "no", any question), or speech longer
+  than ``MAX_BACKCHANNEL_MS``. The stage emits the held ``SpeechStarted`` with its original onset and the turn goes
+  on exactly as a barge-in always did (cancel, truncate to what was heard, the new turn answered).
+* ``backchannel``: the sound paused after at most ``MAX_BACKCHANNEL_MS`` and every word heard is in the lexicon
+  ("mm-hm", "uh-huh", "yeah", "yes", "okay", "right", "sure", "I see", ...) or there are none (a cough, a laugh,
+  a breath: Whisper writes no words, or a bracketed sound tag). The stage drops the speech (no turn, no event to
+  the client) and emits ``BackchannelDropped``: a paused playback resumes.
+* ``undecided``: only lexicon words so far and the speech goes on: wait for a pause or more words.
+
+Why words from the ASR the preset already runs rather than an audio classifier: the difference between "yeah"
+and "wait" is lexical, not acoustic (both are short, voiced, at the same loudness), and the session's Whisper
+already hears every turn, so the decision costs one or two extra decodes of under a second of audio (~100-200 ms
+each on the CPU preset's tiny.en) and no new model, weights or dependency; a classifier would need a labelled
+corpus of real listener responses we do not have, and would still have to tell "no" from "mm". Its known
+weakness is the closed-mouth hum ("mm-hm"): Whisper tiny.en often writes it as a word ("MMM" is in the lexicon,
+"amendment" is not), so a hummed backchannel is sometimes taken for an interruption: the safe side, since a missed
+interruption costs more than an interruption too many. Numbers: docs/benchmarks/turn-taking.md.
+
+Each look is a brief decode (``transcribe_brief``: at most 16 tokens, so a Whisper loop on a cut-off word stops
+early) of the candidate's audio so far, queued on the stage's decode worker like any other decode.
+
+An interruption is recognised at the first look when its first word is not a backchannel word: ``FIRST_LOOK_MS`` of
+speech (from Silero's onset) plus one decode; after a backchannel word, at the next look (``NEXT_LOOK_MS`` more)
+that hears a word outside the lexicon. A backchannel is decided at its pause (``PAUSE_MS`` after its sound ends)
+plus one decode. Each candidate decodes at most ``MAX_DECODES`` times.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["AnswerPlayback", "BACKCHANNEL_WORDS", "Candidate", "FIRST_LOOK_MS", "MAX_BACKCHANNEL_MS", "MAX_DECODES", "NEXT_LOOK_MS",
+           "PAUSE_MS", "Verdict", "decide", "is_backchannel_word", "words_of"]
+
+# the words a listener says without taking the turn, as Whisper writes them (hyphenated forms are split, so
+# "uh-huh" is "uh" + "huh"); "no" is not one: "no, I meant..." is the commonest correction
+BACKCHANNEL_WORDS = frozenset({
+    "mm", "mmm", "mhm", "mmhm", "mmhmm", "hm", "hmm", "m", "uh", "huh", "uhhuh", "um", "ah", "oh", "ooh", "aha",
+    "yeah", "yes", "yep", "yup", "ya", "ok", "okay", "alright", "right", "sure", "i", "see", "got", "it",
+    "cool", "nice", "wow", "great", "exactly", "indeed", "true", "totally",
+})
+# the longest speech a backchannel is ("oh okay", "yeah, right" spoken slowly last ~1.1 s); longer is a turn
+MAX_BACKCHANNEL_MS = 1200
+# speech heard before the first decode: the first word of "wait" / "stop" / "no" / a question is in by then
+FIRST_LOOK_MS = 300
+# while undecided and the speech goes on, the next decode once this much more has been heard
+NEXT_LOOK_MS = 150
+# a pause this long after a short run of lexicon words ends the backchannel (the turn's own end is far later)
+PAUSE_MS = 160
+# the most decodes one candidate takes: the first look, later looks while it goes on, one at its pause
+MAX_DECODES = 5
+# at most this many (distinct-in-a-row) words: "yeah yeah I see okay" is still a backchannel, more is a turn
+MAX_BACKCHANNEL_WORDS = 4
+
+# hums, fillers and laughter however many letters Whisper gives them: "mmmm", "hmmm", "mhm", "uhh", "ahh", "haha"
+_SOUNDS = re.compile(r"[mhn]+|u+h+|u+m+|a+h+|o+h+|e+h+|(ha)+h?|(he)+h?")
+_TAGS = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # Whisper's sound tags: [coughs], (laughing), *sigh*
+_WORD = re.compile(r"[a-z']+")
+
+Verdict = Literal["interruption", "backchannel", "undecided"]
+
+
+def words_of(text: str) -> list[str]:
+    """Whisper's text as lower-case words, sound tags dropped, hyphenated words split, repeats in a row merged
+    (tiny.en writes a hum as "M. M. M. ...")."""
+    out: list[str] = []
+    for w in _WORD.findall(_TAGS.sub(" ", text).lower().replace("-", " ")):
+        w = w.strip("'")
+        if w and (not out or out[-1] != w):
+            out.append(w)
+    return out
+
+
+def is_backchannel_word(word: str) -> bool:
+    """A word of ``words_of`` that a listener says without taking the turn."""
+    return word in BACKCHANNEL_WORDS or _SOUNDS.fullmatch(word) is not None
+
+
+def decide(text: str | None, speech_ms: float, paused: bool) -> Verdict:
+    """The verdict on a candidate from Whisper's ``text`` of its audio so far (None: no decode back yet), how
+    long its sound has lasted, and whether it has paused for ``PAUSE_MS`` with all of it decoded.
+
+    While the speech goes on, the last word of the text is a word cut off by the decode, and Whisper often invents
+    one there ("Oh, okay" cut after 300 ms is heard "Oh, oak"): after a backchannel word it decides nothing until
+    more is heard. A first word that is not a backchannel word ("wait", "no", "can") decides at once."""
+    if speech_ms > MAX_BACKCHANNEL_MS:
+        return "interruption"
+    if text is None:
+        return "undecided"
+    words = words_of(text)
+    if len(words) > MAX_BACKCHANNEL_WORDS:
+        return "interruption"
+    heard = words if paused or len(words) < 2 else words[:-1]
+    if not all(is_backchannel_word(w) for w in heard):
+        return "interruption"
+    return "backchannel" if paused else "undecided"
+
+
+@dataclass
+class AnswerPlayback:
+    """When the session's answer is being heard, on the input stream's clock (samples): from ``start`` (the op
+    saying its first audio went out arrived) until ``end`` (its start plus its audio's length once it is done,
+    or the moment it was cancelled); ``None`` while the answer still streams."""
+
+    start: int | None = None
+    end: int | None = None
+
+    def started(self, now: int) -> None:
+        self.start, self.end = now, None
+
+    def done(self, now: int, audio_samples: int, played: bool) -> None:
+        """The answer ended: ``played`` (completed) it is heard until all its audio has played; cut short
+        (cancelled, failed) the listener stops hearing it now."""
+        if self.start is None:
+            return
+        self.end = max(now, self.start + audio_samples) if played else now
+
+    def audible(self, now: int) -> bool:
+        return self.start is not None and (self.end is None or now < self.end)
+
+
+@dataclass
+class Candidate:
+    """Speech that began while an answer was heard, not yet decided. Stream clock in samples."""
+
+    onset: int  # Silero's raw onset (no prefix padding)
+    audio_start_ms: int  # the held SpeechStarted's audio_start_ms (onset minus prefix padding)
+    text: str | None = None  # Whisper's words for the audio up to ``decoded_to``
+    decoded_to: int = 0  # the stream sample the last decode's audio ended at
+    decodes: int = 0
+    pending: bool = False  # a decode is in flight
+    epoch: int = 0  # the stage's epoch when it began: a decode of another candidate is ignored
+    stopped_ms: int | None = None  # the VAD ended the speech (audio_end_ms) before the verdict
+    sound_end: int = 0  # where its sound ended, once the VAD ended it
+    history: list[str] = field(default_factory=list)  # every text heard, for the log
+
+    def speech_ms(self, now: int, rate: int) -> float:
+        return (now - self.onset) * 1000 / rate
