@@ -108,6 +108,7 @@ def test_answer_playback_clock() -> None:
 
 
 @pytest.mark.parametrize("text", BACKCHANNELS)
+@pytest.mark.integration  # the real ASR stage hears seconds of speech in real time
 def test_backchannel_over_answer_is_dropped(asr_stage, tts, text: str) -> None:
     events = over_answer(asr_stage, f"bc-{text}", say(tts, text))
     kinds = [e["type"] for e in events]
@@ -118,6 +119,7 @@ def test_backchannel_over_answer_is_dropped(asr_stage, tts, text: str) -> None:
     assert len(dropped) == 1, kinds
 
 
+@pytest.mark.integration  # the real ASR stage hears seconds of speech in real time
 def test_cough_over_answer_starts_no_turn(asr_stage) -> None:
     events = over_answer(asr_stage, "bc-cough", cough())
     print(f"\ncough: {[e['type'] for e in events]} {of(events, 'backchannel.dropped')}")
@@ -127,6 +129,7 @@ def test_cough_over_answer_starts_no_turn(asr_stage) -> None:
 
 
 @pytest.mark.parametrize("text", INTERRUPTIONS)
+@pytest.mark.integration  # the real ASR stage hears seconds of speech in real time
 def test_interruption_over_answer_barges_in(asr_stage, tts, text: str) -> None:
     events = over_answer(asr_stage, f"int-{text}", say(tts, text))
     kinds = [e["type"] for e in events]
@@ -140,6 +143,7 @@ def test_interruption_over_answer_barges_in(asr_stage, tts, text: str) -> None:
     assert len(final) == 1 and final[0]["text"].split()[0].strip(",.").lower() == text.split()[0].strip(",.").lower(), final
 
 
+@pytest.mark.integration  # the real ASR stage hears seconds of speech in real time
 def test_without_a_heard_answer_speech_barges_in_at_once(asr_stage, tts) -> None:
     """No answer heard (or its audio has played): "yeah" is a turn like any other, its start sent at once."""
     events = run_stream(asr_stage, "bc-idle", {"type": "server_vad"}, say(tts, "Yeah."), settle_s=8.0)
@@ -150,6 +154,7 @@ def test_without_a_heard_answer_speech_barges_in_at_once(asr_stage, tts) -> None
     assert len(of(played, "speech_started")) == 1 and not of(played, "interruption.candidate")
 
 
+@pytest.mark.integration  # the real ASR stage hears seconds of speech in real time
 def test_filter_off_every_start_barges_in(asr_stage, tts) -> None:
     asr_stage.backchannel_filter = False
     try:
@@ -166,6 +171,7 @@ def test_preset_field_must_be_a_bool() -> None:
         create_asr_stage(backchannel_filter="off")
 
 
+@pytest.mark.integration  # the real ASR stage hears seconds of speech in real time
 def test_semantic_vad_backchannel_dropped_and_interruption_ends_its_turn(asr_stage, tts) -> None:
     """The client's semantic_vad is unchanged: "Yeah." is dropped, and an interruption's turn ends by its verdict."""
     td = {"type": "semantic_vad", "eagerness": "high"}
