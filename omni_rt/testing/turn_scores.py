@@ -124,7 +124,7 @@ def rates(scores: list[PauseScore], eagerness: str = "auto", words: bool = True,
     """Per eagerness: false end of turn (any pause inside an utterance outlasting its end silence) per hesitant
     utterance and per complete one, and the end silence the verdict picks at the end of each utterance not cut
     (``ended_sure``: at the "sure" silence; ``ended_second_look``: at SECOND_LOOK_MS; ``_complete``: of the
-    complete utterances only)."""
+    complete utterances only; ``waited_complete``: complete utterances held past the unsure silence)."""
     eager = tdm.EAGERNESS_SETTINGS[eagerness]
     by_key: dict[str, list[PauseScore]] = {}
     for s in scores:
@@ -132,6 +132,7 @@ def rates(scores: list[PauseScore], eagerness: str = "auto", words: bool = True,
     false_end = {"hesitant": [0, 0], "complete": [0, 0]}
     cut: list[str] = []
     end_silence: list[int] = []
+    end_complete: dict[str, int] = {}
     sure = sure_c = n_c = second_all = second_c = 0
     for key, pauses in by_key.items():
         kind = pauses[0].kind
@@ -143,19 +144,26 @@ def rates(scores: list[PauseScore], eagerness: str = "auto", words: bool = True,
         finals = [p for p in pauses if p.final]
         if finals and not early:
             ms = finals[0].end_silence_ms(eager, words, confidence, second)
+            first_sure = finals[0].end_silence_ms(eager, words, confidence, False) <= eager.complete_silence_ms
+            looked = not first_sure and ms == eager.second_look_end_ms  # ended by the second look (the sure silence may be as long)
             end_silence.append(ms)
-            sure += ms <= eager.complete_silence_ms
-            second_all += ms == tdm.SECOND_LOOK_MS
+            sure += first_sure
+            second_all += looked
             if kind == "complete":
+                end_complete[key] = ms
                 n_c += 1
-                sure_c += ms <= eager.complete_silence_ms
-                second_c += ms == tdm.SECOND_LOOK_MS
+                sure_c += first_sure
+                second_c += looked
     return {
         "eagerness": eagerness,
         "false_end_hesitant": false_end["hesitant"], "false_end_complete": false_end["complete"],
         "endings": len(end_silence), "ended_sure": sure, "ended_second_look": second_all, "cut": cut,
         "endings_complete": n_c, "ended_sure_complete": sure_c, "ended_second_look_complete": second_c,
         "end_silence_ms": {"p50": pct(end_silence, 50), "p95": pct(end_silence, 95), "max": max(end_silence, default=None)},
+        "end_silence_complete_ms": {"p50": pct(list(end_complete.values()), 50), "p95": pct(list(end_complete.values()), 95),
+                                    "max": max(end_complete.values(), default=None)},
+        # complete utterances that waited longer than the unsure silence (the words held them open), slowest first
+        "waited_complete": sorted(((k, ms) for k, ms in end_complete.items() if ms > eager.unsure_silence_ms), key=lambda x: -x[1]),
     }
 
 
