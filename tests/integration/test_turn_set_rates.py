@@ -109,9 +109,10 @@ def test_turn_set_is_labelled_and_spoken_deterministically() -> None:
 
 def test_semantic_vad_rates_on_the_turn_set(turn_scores) -> None:
     """auto: hesitations stay open, complete utterances end without the 4 s wait, and each cue does better than
-    the rule without it. Measured (2026-12-02, see the contract's docstring): hesitant cut 1/60 (4/60 by the text
-    alone, 6/60 by Smart Turn alone); complete cut 1/72 (9/72 alone); complete utterances ended at 200 ms 54/71
-    (50/71 by the text alone), 5 more at the second look (300 ms). Margins: a few utterances either way."""
+    the rule without it. Measured on these 44 items (2026-12-02, docs/benchmarks/turn-taking.md): hesitant cut
+    1/60 (4/60 by the text alone, 6/60 by Smart Turn alone); complete cut 1/72 (9/72 alone); complete utterances
+    ended at the sure silence 54/71 (50/71 by the text alone), 5 more at the second look. Margins: a few
+    utterances either way."""
     from omni_rt.testing.turn_scores import distributions, rates
 
     both, text, alone = rates(turn_scores, "auto"), rates(turn_scores, "auto", confidence=False), rates(turn_scores, "auto", words=False)
