@@ -55,9 +55,10 @@ class PauseScore:
         return eager.end_silence_ms(self.audio_prob, cue, self.second_prob if looked else None)
 
 
-def _pauses(sp: Spoken, vad_model: Any, score_from_sound_end: bool = True) -> Iterable[tuple[np.ndarray, float, float, int]]:
+def _pauses(sp: Spoken, vad_model: Any, score_from_sound_end: bool = True) -> Iterable[tuple[np.ndarray, float, float, int, bool]]:
     """(turn audio at the score point, stream ms there, silence ms before speech resumed, the sample where the
-    silence reached SECOND_LOOK_MS or -1) per pause. As the stage (``tdm.TurnDetection``): the score point is
+    silence reached SECOND_LOOK_MS or -1, whether it is the final pause: no speech after it) per pause. As the
+    stage (``tdm.TurnDetection``): the score point is
     SCORE_AFTER_MS after the sound ended, the pause's length (what the verdict's silences are held against) and
     the second look count from Silero's frames; ``score_from_sound_end=False``: the score point from Silero's
     frames too (the earlier rule, kept to compare against)."""
@@ -83,21 +84,21 @@ def _pauses(sp: Spoken, vad_model: Any, score_from_sound_end: bool = True) -> It
         if not vad.in_speech:
             continue
         if vad.silence_ms < silent_before and pending is not None:  # speech resumed after a scored pause
-            yield pending[0], pending[1], silent_before, look_at
+            yield pending[0], pending[1], silent_before, look_at, False
             pending, look_at = None, -1
         if pending is None and clock() >= tdm.SCORE_AFTER_MS and clock_before < tdm.SCORE_AFTER_MS:
             pending = (sp.audio[turn_from or 0 : pos].copy(), 1000 * pos / SR)
         if pending is not None and look_at < 0 and vad.silence_ms >= tdm.SECOND_LOOK_MS:
             look_at = pos
     if pending is not None:
-        yield pending[0], pending[1], vad.silence_ms, look_at
+        yield pending[0], pending[1], vad.silence_ms, look_at, True
 
 
 def score_set(spoken: Iterable[Spoken], vad_model: Any, turn_model: Any, transcriber: Any,
               score_from_sound_end: bool = True) -> list[PauseScore]:
     out: list[PauseScore] = []
     for sp in spoken:
-        for audio, at_ms, lasts, look_at in _pauses(sp, vad_model, score_from_sound_end):
+        for audio, at_ms, lasts, look_at, final in _pauses(sp, vad_model, score_from_sound_end):
             t0 = time.perf_counter()
             prob = float(turn_model.predict(audio[-8 * SR :]))
             second = None
@@ -111,7 +112,8 @@ def score_set(spoken: Iterable[Spoken], vad_model: Any, turn_model: Any, transcr
                 text, last_word_prob = transcriber.transcribe(audio), None
             text = text.strip()
             t2 = time.perf_counter()
-            final = at_ms > sp.speech_end_ms
+            # final: no speech after it (not "scored after the last word's end": Silero can let go of a quiet
+            # last word, "Turn the music up.", so its pause is scored just before the labelled end)
             hesitation = not final and any(s / SR * 1000 <= at_ms <= e / SR * 1000 + 100 for s, e in sp.pauses)
             out.append(PauseScore(f"{sp.variant}/{sp.item.text}", sp.item.kind, sp.item.shape, final, hesitation, lasts,
                                   sp.speech_end_ms, at_ms, prob, text, round(1000 * (t1 - t0), 1), round(1000 * (t2 - t1), 1),
