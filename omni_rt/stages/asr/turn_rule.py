@@ -35,15 +35,19 @@ words       audio (Smart Turn)                             the turn ends after
 ==========  =============================================  ===========================================
 not in yet  any                                            ``max_silence_ms`` (no turn ends unheard)
 open        any                                            ``max_silence_ms``
-lead_in     any                                            ``unsure_silence_ms``
+lead_in     any                                            the unsure end (below)
 asked_open  any                                            ``unsure_silence_ms``, at least ``ASKED_OPEN_SILENCE_MS``
-guess       any                                            ``unsure_silence_ms``
+guess       any                                            the unsure end
 question    >= ``complete_threshold`` / below              ``complete_silence_ms`` / as can_end below
 can_end     >= ``sure_threshold``                          ``complete_silence_ms`` (the "sure" end)
 can_end     below; a second look >= sure / below           ``SECOND_LOOK_MS`` (300 ms; at least the sure
-                                                           silence) / ``unsure_silence_ms``
+                                                           silence) / the unsure end
 empty       >= sure / >= ``complete_threshold`` / below    complete / unsure / max silence
 ==========  =============================================  ===========================================
+
+The unsure end is ``unsure_silence_ms``, or at least ``DOUBTED_SILENCE_MS`` (1 s, longer than the set's
+hesitation pauses) when Smart Turn's latest score (the second look's, if taken) is under ``complete_threshold``:
+the words could end there but the sound says the speaker goes on (it only lengthens ``high``'s 600 ms).
 
 =========  ====  ========  ========  =======  ====  ===========================================================
 eagerness  sure  complete  audio-    unsure   max   why
