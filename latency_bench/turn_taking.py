@@ -4,7 +4,7 @@ server_vad vs semantic_vad on one server, one mode after the other at each level
 and hesitant ones (false end-of-turn rate), after the set is scored at the stage level (no server). With
 ``--stage-level`` only that scoring runs, printing the rates behind the eagerness table.
 
-    python -m latency_bench turns                                   # server_vad,semantic_vad, 1 session (~12 min)
+    python -m latency_bench turns                                   # server_vad,semantic_vad, 1 session (~15 min)
     python -m latency_bench turns --turn-detection semantic_vad --sessions 1,4
     python -m latency_bench turns --stage-level [--held-out] [--room-noise] [--thinker-cue] [--score-from-silero]
 """
@@ -37,9 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thinker", default=None, metavar="MODEL", help="the server started here runs this thinker (omni-rt serve --thinker)")
     p.add_argument("--url", default=None, help="ws://HOST:PORT of a running server (skips server start)")
     p.add_argument("--sessions", default=None, help="concurrency levels, comma-separated (default 1)")
-    p.add_argument("--turns", type=int, default=None, help="complete questions per session at 1 session (default: the whole set)")
+    p.add_argument("--turns", type=int, default=None, help="complete questions per session at 1 session (default: all of the set's first items, turn_set.TEST_ITEMS)")
     p.add_argument("--hesitant", type=int, default=None,
-                   help="hesitant utterances per session at 1 session (default: all of the labelled set's)")
+                   help="hesitant utterances per session at 1 session (default: all of the set's first items)")
     p.add_argument("--max-output-tokens", type=int, default=32, help="answer length cap")
     add_session_arguments(p)
     p.add_argument("--out", default=str(report.RESULTS_DIR / "turn_taking.json"))
@@ -52,13 +52,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def stage_level_turn_rates(silence_duration_ms: int) -> dict[str, Any]:
-    """The set scored at the stage level (no server): per mode, the false end-of-turn rates and the end silence
-    the verdict picks, and Smart Turn's score distributions (``omni_rt.testing.turn_scores``)."""
+    """The set's first items (``TEST_ITEMS``: those the live run speaks) scored at the stage level (no server):
+    per mode, the false end-of-turn rates and the end silence the verdict picks, and Smart Turn's score
+    distributions (``omni_rt.testing.turn_scores``). The whole set: ``--stage-level``."""
     from omni_rt.testing import turn_scores as ts
-    from omni_rt.testing.turn_set import spoken_set
+    from omni_rt.testing.turn_set import TEST_ITEMS, spoken_set
 
     t0 = time.perf_counter()
-    scores = ts.score_set(spoken_set(), *ts.load_scorers())
+    scores = ts.score_set(spoken_set(first=TEST_ITEMS), *ts.load_scorers())
     out: dict[str, Any] = {"pauses": len(scores), "score_s": round(time.perf_counter() - t0, 1),
                            "distributions": ts.distributions(scores), "modes": {}}
     by_key: dict[str, list[Any]] = {}
@@ -153,7 +154,7 @@ async def run_turn_taking(args: Any, plan: Plan, modes: list[str]) -> dict[str, 
             await warmup(url, corpus, plan)
         for li, n in enumerate(plan.levels):
             for mode in modes:
-                all_c, all_h = plan.turns or len(complete), args.hesitant or len(hesitant)  # default: the whole set
+                all_c, all_h = plan.turns or len(complete), args.hesitant or len(hesitant)  # default: all the live corpus (the set's first items)
                 turns = all_c if n == 1 else max(1, all_c // 3)
                 n_h = all_h if n == 1 else max(1, all_h // 4)
                 turns, n_h = min(turns, len(complete)), min(n_h, len(hesitant))
