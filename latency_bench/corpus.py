@@ -63,17 +63,18 @@ def synthesize_corpus(texts: list[str]) -> dict[str, Utterance]:
     return out
 
 
-def turn_set_utterances(variant: str = "plain") -> tuple[list[Utterance], list[Utterance]]:
+def turn_set_utterances(variant: str = "plain", whole: bool = False) -> tuple[list[Utterance], list[Utterance]]:
     """The labelled end-of-turn set (``omni_rt.testing.turn_set``) in one voice, as 24 kHz utterances: (complete, hesitant).
-    Each ends at its last word (the mic streams silence after it, as a live one does)."""
+    Each ends at its last word (the mic streams silence after it, as a live one does). The first set
+    (``TEST_ITEMS``, 44 items: a live run of each mode in ~6 min) unless ``whole``: the whole tuning half."""
     from omni_rt.audio.pcm import float_to_pcm16, resample
 
-    from omni_rt.testing.turn_set import LEAD_MS, SR as SET_SR, spoken_set
+    from omni_rt.testing.turn_set import LEAD_MS, SR as SET_SR, TEST_ITEMS, spoken_set
 
     complete: list[Utterance] = []
     hesitant: list[Utterance] = []
     k = SR / SET_SR
-    for sp in spoken_set((variant,)):
+    for sp in spoken_set((variant,), first=None if whole else TEST_ITEMS):
         audio = resample(sp.audio[: sp.speech_end], SET_SR, SR).astype(np.float32)
         utt = Utterance(sp.item.text, float_to_pcm16(audio), audio.size, int(SR * LEAD_MS / 1000),
                         tuple(int(a * k) for a, _ in sp.pauses))

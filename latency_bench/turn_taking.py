@@ -4,7 +4,7 @@ server_vad vs semantic_vad on one server, one mode after the other at each level
 and hesitant ones (false end-of-turn rate), after the set is scored at the stage level (no server). With
 ``--stage-level`` only that scoring runs, printing the rates behind the eagerness table.
 
-    python -m latency_bench turns                                   # server_vad,semantic_vad, 1 session (~12 min)
+    python -m latency_bench turns                                   # server_vad,semantic_vad, 1 session (~15 min)
     python -m latency_bench turns --turn-detection semantic_vad --sessions 1,4
     python -m latency_bench turns --stage-level [--held-out] [--room-noise] [--thinker-cue] [--score-from-silero]
 """
@@ -37,9 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thinker", default=None, metavar="MODEL", help="the server started here runs this thinker (omni-rt serve --thinker)")
     p.add_argument("--url", default=None, help="ws://HOST:PORT of a running server (skips server start)")
     p.add_argument("--sessions", default=None, help="concurrency levels, comma-separated (default 1)")
-    p.add_argument("--turns", type=int, default=None, help="complete questions per session at 1 session (default: the whole set)")
+    p.add_argument("--turns", type=int, default=None, help="complete questions per session at 1 session (default: all of the set's first items, turn_set.TEST_ITEMS)")
     p.add_argument("--hesitant", type=int, default=None,
-                   help="hesitant utterances per session at 1 session (default: all of the labelled set's)")
+                   help="hesitant utterances per session at 1 session (default: all of the set's first items)")
     p.add_argument("--max-output-tokens", type=int, default=32, help="answer length cap")
     add_session_arguments(p)
     p.add_argument("--out", default=str(report.RESULTS_DIR / "turn_taking.json"))
@@ -52,13 +52,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def stage_level_turn_rates(silence_duration_ms: int) -> dict[str, Any]:
-    """The set scored at the stage level (no server): per mode, the false end-of-turn rates and the end silence
-    the verdict picks, and Smart Turn's score distributions (``omni_rt.testing.turn_scores``)."""
+    """The set's first items (``TEST_ITEMS``: those the live run speaks) scored at the stage level (no server):
+    per mode, the false end-of-turn rates and the end silence the verdict picks, and Smart Turn's score
+    distributions (``omni_rt.testing.turn_scores``). The whole set: ``--stage-level``."""
     from omni_rt.testing import turn_scores as ts
-    from omni_rt.testing.turn_set import spoken_set
+    from omni_rt.testing.turn_set import TEST_ITEMS, spoken_set
 
     t0 = time.perf_counter()
-    scores = ts.score_set(spoken_set(), *ts.load_scorers())
+    scores = ts.score_set(spoken_set(first=TEST_ITEMS), *ts.load_scorers())
     out: dict[str, Any] = {"pauses": len(scores), "score_s": round(time.perf_counter() - t0, 1),
                            "distributions": ts.distributions(scores), "modes": {}}
     by_key: dict[str, list[Any]] = {}
@@ -153,7 +154,7 @@ async def run_turn_taking(args: Any, plan: Plan, modes: list[str]) -> dict[str, 
             await warmup(url, corpus, plan)
         for li, n in enumerate(plan.levels):
             for mode in modes:
-                all_c, all_h = plan.turns or len(complete), args.hesitant or len(hesitant)  # default: the whole set
+                all_c, all_h = plan.turns or len(complete), args.hesitant or len(hesitant)  # default: all the live corpus (the set's first items)
                 turns = all_c if n == 1 else max(1, all_c // 3)
                 n_h = all_h if n == 1 else max(1, all_h // 4)
                 turns, n_h = min(turns, len(complete)), min(n_h, len(hesitant))
@@ -207,7 +208,7 @@ def turn_taking_markdown(result: dict[str, Any]) -> str:
             e = r["end_silence_ms"]
             lines.append(f"| {mode} | {frac(r['false_end_hesitant'])} | {frac(r['false_end_complete'])} | {sure} | "
                          f"{e['p50']:.0f} / {e['p95']:.0f} |")
-        from omni_rt.contracts import turn_detection as tdm
+        from omni_rt.stages.asr import turn_rule as tdm
 
         cues = " / ".join(c.replace("_", " ") for c in tdm.WORDS_CUES)
         lines += ["", f"Smart Turn's score and the transcript's cue ({cues}) per kind of pause:", "",
@@ -264,24 +265,27 @@ def command(args: Any) -> int:
 
 def stage_level_command(args: Any) -> int:
     """``python -m latency_bench turns --stage-level [--held-out] [--room-noise] [--thinker-cue] [--score-from-silero]``:
-    score the set and print the rates the
-    eagerness table rests on, for four rules: Smart Turn alone, with the words (text only: the rule before
-    Whisper's last-word probability), with the words and that probability, and with the second look too (what
-    the stage runs).
+    score the set and print the rates the eagerness table rests on, for four rules: Smart Turn alone, with the
+    words (text only: the rule before Whisper's last-word probability), with the words and that probability, and
+    with the second look too (what the stage runs); then, for what the stage runs, per eagerness: the complete
+    utterances' end silence (p50 / p95 / max, and those the words held past the unsure silence) and the share of
+    hesitant utterances split. Writes that JSON (``--out``; default ``results/turn_set_stage[_held_out].json``).
     ``--held-out``: the items written after the rule was fitted (``turn_set.HELD_OUT``) instead of the set;
     ``--room-noise``: with light white noise under the audio (``turn_set.with_room_noise``), silences included;
     ``--thinker-cue``: also the thinker's end-of-turn probability on the same transcripts;
     ``--score-from-silero``: the score point counted from Silero's frames (the rule before 2026-12-03)."""
-    from omni_rt.contracts import turn_detection as tdm
+    from omni_rt.stages.asr import turn_rule as tdm
     from omni_rt.testing.turn_scores import pct, distributions, load_scorers, rates, score_set, thinker_end_of_turn
-    from omni_rt.testing.turn_set import spoken_set, with_room_noise
+    from omni_rt.testing.turn_set import HELD_OUT, ITEMS, spoken_set, with_room_noise
 
     t0 = time.perf_counter()
     spoken = spoken_set(held_out=args.held_out)
     scores = score_set(with_room_noise(spoken) if args.room_noise else spoken, *load_scorers(),
                        score_from_sound_end=not args.score_from_silero)
-    print(f"{len(scores)} pauses scored in {time.perf_counter() - t0:.0f} s")
-    print(json.dumps(distributions(scores), indent=1))
+    wall = time.perf_counter() - t0
+    print(f"{len(scores)} pauses scored in {wall:.0f} s")
+    dist = distributions(scores)
+    print(json.dumps(dist, indent=1))
     for eagerness in ("low", "medium", "high"):
         for name, words, confidence, second in (("audio only   ", False, False, False), ("audio+text   ", True, False, False),
                                                 ("audio+words  ", True, True, False), ("+second look ", True, True, True)):
@@ -291,9 +295,30 @@ def stage_level_command(args: Any) -> int:
                   f"+{r['ended_second_look_complete']} at {tdm.SECOND_LOOK_MS} ms), end silence {r['end_silence_ms']}")
             if words and eagerness == "medium":
                 print("   cut:", r["cut"])
+    stage: dict[str, Any] = {}
+    for eagerness in ("low", "medium", "high", "auto"):
+        r = rates(scores, eagerness)
+        h, e = r["false_end_hesitant"], r["end_silence_complete_ms"]
+        r["hesitant_split_rate"] = round(h[0] / h[1], 3) if h[1] else None
+        stage[eagerness] = r
+        print(f"{eagerness:6} (the stage's rule): hesitant split {h[0]}/{h[1]}, complete cut mid-way {r['false_end_complete']}, "
+              f"complete end silence p50 {e['p50']} / p95 {e['p95']} / max {e['max']} ms; held past the unsure silence: "
+              f"{r['waited_complete']}")
+    set_name = "held_out" if args.held_out else "tuning"
+    result = {"started_at": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": report.machine_info(),
+              "config": {"command": "python -m latency_bench " + " ".join(shlex.quote(a) for a in (args.argv or [])),
+                         "set": set_name, "items": len(HELD_OUT if args.held_out else ITEMS), "clips": len(spoken),
+                         "room_noise": args.room_noise, "score_from_silero": args.score_from_silero},
+              "pauses": len(scores), "score_s": round(wall, 1), "distributions": dist, "eagerness": stage}
     if args.thinker_cue:  # the third cue, measured: does P(end of turn | transcript) separate them?
         ends = [s for s in scores if s.final]
         hes = [s for s in scores if s.hesitation]
         p_end, p_hes = thinker_end_of_turn([s.text for s in ends]), thinker_end_of_turn([s.text for s in hes])
         print(f"thinker P(<|im_end|>): complete endings p5/p50/p95 {pct(p_end, 5):.3f}/{pct(p_end, 50):.3f}/"
               f"{pct(p_end, 95):.3f}; hesitation pauses {pct(p_hes, 5):.3f}/{pct(p_hes, 50):.3f}/{pct(p_hes, 95):.3f}")
+    out = Path(args.out)
+    if out == report.RESULTS_DIR / "turn_taking.json":  # the live run's default: the stage level has its own file
+        out = report.RESULTS_DIR / f"turn_set_stage{'_held_out' if args.held_out else ''}{'_room_noise' if args.room_noise else ''}.json"
+    report.write_json(result, out)
+    print(f"wrote {out}")
+    return 0

@@ -55,9 +55,10 @@ class PauseScore:
         return eager.end_silence_ms(self.audio_prob, cue, self.second_prob if looked else None)
 
 
-def _pauses(sp: Spoken, vad_model: Any, score_from_sound_end: bool = True) -> Iterable[tuple[np.ndarray, float, float, int]]:
+def _pauses(sp: Spoken, vad_model: Any, score_from_sound_end: bool = True) -> Iterable[tuple[np.ndarray, float, float, int, bool]]:
     """(turn audio at the score point, stream ms there, silence ms before speech resumed, the sample where the
-    silence reached SECOND_LOOK_MS or -1) per pause. As the stage (``tdm.TurnDetection``): the score point is
+    silence reached SECOND_LOOK_MS or -1, whether it is the final pause: no speech after it) per pause. As the
+    stage (``tdm.TurnDetection``): the score point is
     SCORE_AFTER_MS after the sound ended, the pause's length (what the verdict's silences are held against) and
     the second look count from Silero's frames; ``score_from_sound_end=False``: the score point from Silero's
     frames too (the earlier rule, kept to compare against)."""
@@ -83,21 +84,21 @@ def _pauses(sp: Spoken, vad_model: Any, score_from_sound_end: bool = True) -> It
         if not vad.in_speech:
             continue
         if vad.silence_ms < silent_before and pending is not None:  # speech resumed after a scored pause
-            yield pending[0], pending[1], silent_before, look_at
+            yield pending[0], pending[1], silent_before, look_at, False
             pending, look_at = None, -1
         if pending is None and clock() >= tdm.SCORE_AFTER_MS and clock_before < tdm.SCORE_AFTER_MS:
             pending = (sp.audio[turn_from or 0 : pos].copy(), 1000 * pos / SR)
         if pending is not None and look_at < 0 and vad.silence_ms >= tdm.SECOND_LOOK_MS:
             look_at = pos
     if pending is not None:
-        yield pending[0], pending[1], vad.silence_ms, look_at
+        yield pending[0], pending[1], vad.silence_ms, look_at, True
 
 
 def score_set(spoken: Iterable[Spoken], vad_model: Any, turn_model: Any, transcriber: Any,
               score_from_sound_end: bool = True) -> list[PauseScore]:
     out: list[PauseScore] = []
     for sp in spoken:
-        for audio, at_ms, lasts, look_at in _pauses(sp, vad_model, score_from_sound_end):
+        for audio, at_ms, lasts, look_at, final in _pauses(sp, vad_model, score_from_sound_end):
             t0 = time.perf_counter()
             prob = float(turn_model.predict(audio[-8 * SR :]))
             second = None
@@ -111,7 +112,8 @@ def score_set(spoken: Iterable[Spoken], vad_model: Any, turn_model: Any, transcr
                 text, last_word_prob = transcriber.transcribe(audio), None
             text = text.strip()
             t2 = time.perf_counter()
-            final = at_ms > sp.speech_end_ms
+            # final: no speech after it (not "scored after the last word's end": Silero can let go of a quiet
+            # last word, "Turn the music up.", so its pause is scored just before the labelled end)
             hesitation = not final and any(s / SR * 1000 <= at_ms <= e / SR * 1000 + 100 for s, e in sp.pauses)
             out.append(PauseScore(f"{sp.variant}/{sp.item.text}", sp.item.kind, sp.item.shape, final, hesitation, lasts,
                                   sp.speech_end_ms, at_ms, prob, text, round(1000 * (t1 - t0), 1), round(1000 * (t2 - t1), 1),
@@ -124,7 +126,7 @@ def rates(scores: list[PauseScore], eagerness: str = "auto", words: bool = True,
     """Per eagerness: false end of turn (any pause inside an utterance outlasting its end silence) per hesitant
     utterance and per complete one, and the end silence the verdict picks at the end of each utterance not cut
     (``ended_sure``: at the "sure" silence; ``ended_second_look``: at SECOND_LOOK_MS; ``_complete``: of the
-    complete utterances only)."""
+    complete utterances only; ``waited_complete``: complete utterances held past the unsure silence)."""
     eager = tdm.EAGERNESS_SETTINGS[eagerness]
     by_key: dict[str, list[PauseScore]] = {}
     for s in scores:
@@ -132,6 +134,7 @@ def rates(scores: list[PauseScore], eagerness: str = "auto", words: bool = True,
     false_end = {"hesitant": [0, 0], "complete": [0, 0]}
     cut: list[str] = []
     end_silence: list[int] = []
+    end_complete: dict[str, int] = {}
     sure = sure_c = n_c = second_all = second_c = 0
     for key, pauses in by_key.items():
         kind = pauses[0].kind
@@ -143,19 +146,26 @@ def rates(scores: list[PauseScore], eagerness: str = "auto", words: bool = True,
         finals = [p for p in pauses if p.final]
         if finals and not early:
             ms = finals[0].end_silence_ms(eager, words, confidence, second)
+            first_sure = finals[0].end_silence_ms(eager, words, confidence, False) <= eager.complete_silence_ms
+            looked = not first_sure and ms == eager.second_look_end_ms  # ended by the second look (the sure silence may be as long)
             end_silence.append(ms)
-            sure += ms <= eager.complete_silence_ms
-            second_all += ms == tdm.SECOND_LOOK_MS
+            sure += first_sure
+            second_all += looked
             if kind == "complete":
+                end_complete[key] = ms
                 n_c += 1
-                sure_c += ms <= eager.complete_silence_ms
-                second_c += ms == tdm.SECOND_LOOK_MS
+                sure_c += first_sure
+                second_c += looked
     return {
         "eagerness": eagerness,
         "false_end_hesitant": false_end["hesitant"], "false_end_complete": false_end["complete"],
         "endings": len(end_silence), "ended_sure": sure, "ended_second_look": second_all, "cut": cut,
         "endings_complete": n_c, "ended_sure_complete": sure_c, "ended_second_look_complete": second_c,
         "end_silence_ms": {"p50": pct(end_silence, 50), "p95": pct(end_silence, 95), "max": max(end_silence, default=None)},
+        "end_silence_complete_ms": {"p50": pct(list(end_complete.values()), 50), "p95": pct(list(end_complete.values()), 95),
+                                    "max": max(end_complete.values(), default=None)},
+        # complete utterances that waited longer than the unsure silence (the words held them open), slowest first
+        "waited_complete": sorted(((k, ms) for k, ms in end_complete.items() if ms > eager.unsure_silence_ms), key=lambda x: -x[1]),
     }
 
 

@@ -22,9 +22,9 @@ def test_semantic_vad_keeps_hesitations_open_on_the_stage(asr_stage, turn_scores
     """Through the real stage at real time: hesitant utterances of the set whose transcript at the pause ends
     open ("... for", "... the") stay one turn, and a complete one that Smart Turn scores low ends well before
     the 4 s max because its words can end there (the words reach the verdict through the stage)."""
-    from omni_rt.testing.turn_set import spoken_set
+    from omni_rt.testing.turn_set import TEST_ITEMS, spoken_set
 
-    by_key = {f"{sp.variant}/{sp.item.text}": sp for sp in spoken_set()}
+    by_key = {f"{sp.variant}/{sp.item.text}": sp for sp in spoken_set(first=TEST_ITEMS)}
     open_pauses = [s for s in turn_scores if s.hesitation and s.words == "open" and s.key.startswith("plain/")]
     low_complete = [s for s in turn_scores if s.final and s.kind == "complete" and s.audio_prob < 0.3 and s.words == "can_end"]
     assert len(open_pauses) >= 3 and low_complete, (len(open_pauses), len(low_complete))
@@ -49,10 +49,10 @@ def test_semantic_vad_keeps_hesitations_open_on_the_stage(asr_stage, turn_scores
 def test_semantic_vad_second_look_on_the_stage(asr_stage, turn_scores) -> None:
     """Through the real stage at real time: a complete utterance Smart Turn is unsure of at 120 ms but sure of at
     300 ms gets its second look (a second turn.scored, look 2) and that verdict ends the turn."""
-    from omni_rt.testing.turn_set import spoken_set
+    from omni_rt.testing.turn_set import TEST_ITEMS, spoken_set
 
     auto = turn_rule.EAGERNESS_SETTINGS["auto"]
-    by_key = {f"{sp.variant}/{sp.item.text}": sp for sp in spoken_set()}
+    by_key = {f"{sp.variant}/{sp.item.text}": sp for sp in spoken_set(first=TEST_ITEMS)}
     later = sorted((s for s in turn_scores if s.final and s.kind == "complete" and s.words == "can_end"
                     and s.audio_prob < 0.5 and (s.second_prob or 0) >= 0.95 and (s.last_word_prob or 0) >= 0.9),
                    key=lambda s: -(s.second_prob or 0))
@@ -75,37 +75,44 @@ def test_semantic_vad_second_look_on_the_stage(asr_stage, turn_scores) -> None:
 
 @pytest.fixture(scope="module")
 def turn_scores(turn_model):
-    """Every pause of the labelled set (omni_rt/testing/turn_set.py, 3 voices), scored once as the stage would."""
+    """Every pause of the labelled set's first items (omni_rt/testing/turn_set.py ``TEST_ITEMS``, 3 voices), scored
+    once as the stage would (the whole set is the bench's: ``python -m latency_bench turns --stage-level``)."""
     from omni_rt.testing.turn_scores import score_set
-    from omni_rt.testing.turn_set import spoken_set
+    from omni_rt.testing.turn_set import TEST_ITEMS, spoken_set
     from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.backends.vad import SileroVadModel
 
     t0 = time.perf_counter()
-    scores = score_set(spoken_set(), SileroVadModel(), turn_model, FasterWhisperASR())
+    scores = score_set(spoken_set(first=TEST_ITEMS), SileroVadModel(), turn_model, FasterWhisperASR())
     print(f"\nturn set: {len(scores)} pauses scored in {time.perf_counter() - t0:.0f} s")
     return scores
 
 
 def test_turn_set_is_labelled_and_spoken_deterministically() -> None:
-    from omni_rt.testing.turn_set import ITEMS, VARIANTS, counts, spoken_set
+    from omni_rt.testing.turn_set import HELD_OUT, ITEMS, TEST_ITEMS, VARIANTS, counts, spoken_set
 
-    n = counts()
-    assert n["complete"] >= 20 and n["hesitant"] >= 20 and len(ITEMS) >= 40, n
+    for half in (ITEMS, HELD_OUT):  # two halves of many shapes: one to tune on, one only reported
+        n = counts(half)
+        assert n["complete"] >= 60 and n["hesitant"] >= 30, n
+        assert len({i.shape for i in half if i.kind == "complete"}) >= 12 and len({i.shape for i in half if i.kind == "hesitant"}) >= 8
+    assert not {i.text for i in ITEMS} & {i.text for i in HELD_OUT}
     assert len({v[1] for v in VARIANTS}) >= 2 and len({v[2] for v in VARIANTS}) >= 2  # rates and noise settings
-    assert len({i.shape for i in ITEMS if i.kind == "complete"}) >= 5
-    spoken = spoken_set()
-    assert len(spoken) == len(ITEMS) * len(VARIANTS)
+    n = counts(ITEMS[:TEST_ITEMS])
+    assert n["complete"] >= 20 and n["hesitant"] >= 20, n
+    spoken = spoken_set(first=TEST_ITEMS)
+    assert len(spoken) == TEST_ITEMS * len(VARIANTS)
     noisy = [sp for sp in spoken if sp.variant == "fast+noise"]
-    again = spoken_set.__wrapped__(("fast+noise",))  # a fresh synthesis: the seeded VITS noise gives the same audio
+    # a fresh synthesis: the seeded VITS noise gives the same audio (and a prefix of the set sounds as in the whole)
+    again = spoken_set.__wrapped__(("fast+noise",), first=TEST_ITEMS)
     assert len(again) == len(noisy) and all(np.array_equal(a.audio, b.audio) for a, b in zip(noisy, again))
 
 
 def test_semantic_vad_rates_on_the_turn_set(turn_scores) -> None:
     """auto: hesitations stay open, complete utterances end without the 4 s wait, and each cue does better than
-    the rule without it. Measured (2026-12-02, see the contract's docstring): hesitant cut 1/60 (4/60 by the text
-    alone, 6/60 by Smart Turn alone); complete cut 1/72 (9/72 alone); complete utterances ended at 200 ms 54/71
-    (50/71 by the text alone), 5 more at the second look (300 ms). Margins: a few utterances either way."""
+    the rule without it. Measured on these 44 items (2026-12-02, docs/benchmarks/turn-taking.md): hesitant cut
+    1/60 (4/60 by the text alone, 6/60 by Smart Turn alone); complete cut 1/72 (9/72 alone); complete utterances
+    ended at the sure silence 54/71 (50/71 by the text alone), 5 more at the second look. Margins: a few
+    utterances either way."""
     from omni_rt.testing.turn_scores import distributions, rates
 
     both, text, alone = rates(turn_scores, "auto"), rates(turn_scores, "auto", confidence=False), rates(turn_scores, "auto", words=False)

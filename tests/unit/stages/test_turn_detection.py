@@ -198,20 +198,25 @@ def test_semantic_vad_config_defaults_and_echo() -> None:
         assert sem.end_silence_ms(0.99, "empty") < sem.end_silence_ms(thr, "empty") < sem.end_silence_ms(thr - 0.01, "empty") == max_ms
         # words: an open end holds the turn, a finished-looking one caps the wait, a lead-in is never "sure"
         assert sem.end_silence_ms(0.99, "open") == sem.end_silence_ms(None, "can_end") == sem.end_silence_ms(0.99, None) == max_ms
-        assert sem.end_silence_ms(0.01, "can_end") == sem.end_silence_ms(0.99, "lead_in") == sem.unsure_silence_ms < max_ms
+        assert sem.end_silence_ms(thr, "can_end") == sem.end_silence_ms(0.99, "lead_in") == sem.unsure_silence_ms < max_ms
+        # ... and when the sound says the speaker goes on, at least a hesitation's length
+        assert sem.end_silence_ms(thr - 0.01, "can_end") == sem.end_silence_ms(0.01, "guess") == max(
+            sem.unsure_silence_ms, turn_rule.DOUBTED_SILENCE_MS) < max_ms
+        assert sem.end_silence_ms(0.01, "can_end", second=thr) == sem.unsure_silence_ms  # the later score counts
         # a sure "?" on "is": not the maximum, nor shorter than a hesitation's pause
         assert sem.end_silence_ms(0.99, "asked_open") == max(sem.unsure_silence_ms, turn_rule.ASKED_OPEN_SILENCE_MS) < max_ms
         assert sem.end_silence_ms(0.99, "can_end") == sem.complete_silence_ms
         # Whisper's last word: a guessed one is never sure; a confident question is sure unless Smart Turn says no
         assert sem.end_silence_ms(0.99, "guess") == sem.unsure_silence_ms
         assert sem.end_silence_ms(thr, "question") == sem.complete_silence_ms < sem.end_silence_ms(thr, "can_end")
-        assert sem.end_silence_ms(thr - 0.01, "question") == sem.unsure_silence_ms
-        # the second look: an unsure verdict on words that can end, sure at SECOND_LOOK_MS, ends there (not with low)
-        assert sem.wants_second_look(0.1, "can_end", 0.9) == sem.second_look == (eagerness != "low")
+        assert sem.end_silence_ms(thr - 0.01, "question") == max(sem.unsure_silence_ms, turn_rule.DOUBTED_SILENCE_MS)
+        # the second look: an unsure verdict on words that can end, sure at SECOND_LOOK_MS, ends there
+        assert sem.wants_second_look(0.1, "can_end", 0.9) and sem.second_look
         assert not sem.wants_second_look(0.99, "can_end", 0.9) and not sem.wants_second_look(0.1, "guess", 0.9)
         assert not sem.wants_second_look(0.1, "can_end", 0.7) and not sem.wants_second_look(0.1, "can_end", None)
-        assert sem.end_silence_ms(0.1, "can_end", second=0.99) == (turn_rule.SECOND_LOOK_MS if sem.second_look else sem.unsure_silence_ms)
-        assert sem.end_silence_ms(0.1, "can_end", second=0.1) == sem.end_silence_ms(0.1, "guess", second=0.99) == sem.unsure_silence_ms
+        assert sem.end_silence_ms(0.1, "can_end", second=0.99) == max(turn_rule.SECOND_LOOK_MS, sem.complete_silence_ms) < sem.unsure_silence_ms
+        assert sem.end_silence_ms(0.1, "can_end", second=0.1) == sem.end_silence_ms(0.1, "guess", second=0.99) == max(
+            sem.unsure_silence_ms, turn_rule.DOUBTED_SILENCE_MS)
     # server_vad keeps its exact shape; idle_timeout_ms appears only when asked for
     cfg.update({"audio": {"input": {"turn_detection": {"type": "server_vad"}}}})
     assert cfg.turn_detection.to_wire() == SERVER_VAD_WIRE
@@ -256,7 +261,9 @@ def test_semantic_vad_ends_a_complete_question_sooner_than_server_vad(asr_stage,
     print(f"\nend of turn after the speech: semantic_vad {sem_ms:.0f} ms (p={score['prob']}, scored in {score['score_ms']} ms), "
           f"server_vad {srv_ms:.0f} ms")
     assert of(sem, "speech_stopped")[0].get("semantic") is True and score["complete"]
-    assert sem_ms < srv_ms - 150, (sem_ms, srv_ms)  # ends at 200 ms of silence on a sure verdict, not 500
+    # a sure verdict ends at 300 ms of silence counted from Silero's last speech frame (~390 ms after the sound),
+    # server_vad at 500 ms after the sound
+    assert sem_ms < srv_ms - 50, (sem_ms, srv_ms)
     for events in (sem, srv):
         final = of(events, "transcript.final")
         assert len(final) == 1 and "capital" in final[0]["text"].lower(), final  # tiny.en sometimes hears "friends"
@@ -285,6 +292,23 @@ def test_a_lone_session_answers_from_the_words_before_the_sound_is_scored(asr_st
     assert len(final) == 1 and final[0]["speculative"] is True and final[0]["text"] == spec["text"].strip(), (final, spec)
 
 
+@pytest.mark.integration  # a real model runs for seconds
+@pytest.mark.parametrize("text", ["Could you tell me what the capital of Italy is?", "Who is this gift for?",
+                                  "My phone number is five five five, one two three four."])
+def test_a_finished_sentence_ending_on_is_for_or_a_number_does_not_wait_the_maximum(asr_stage, tts, text: str) -> None:
+    """Through the real stage at real time: an embedded question ("... what X is"), a stranded preposition and a
+    number (Whisper writes digits) end on words that once made the cue ``open`` and waited the 4 s maximum
+    (issue #48); the words now let the sound decide, so the turn ends at the sure or the unsure silence."""
+    speech = say(tts, text)
+    audio = np.concatenate([silence(500), speech, silence(2500)])
+    events = run_stream(asr_stage, f"ends-{text[:12]}", {"type": "semantic_vad", "eagerness": "auto"}, audio)
+    after = end_after_speech_ms(events, 1000 * (SR // 2 + speech.size) / SR)
+    verdicts = [(v["look"], v["prob"], v["words"], v["end_silence_ms"]) for v in of(events, "turn.scored")]
+    print(f"\n{text!r}: verdicts {verdicts}, turn ended {after:.0f} ms after the speech")
+    assert verdicts and verdicts[-1][2] != "open", verdicts
+    assert after < 2500, (after, verdicts)  # the unsure end (1 s) plus a loaded machine's scoring, not the 4 s max
+
+
 @pytest.mark.parametrize("text, cue", [
     ("What is the capital of France?", "can_end"), ("who wrote Romito and Juliet", "can_end"), ("Yes.", "can_end"),
     ("Can you set a timer for?", "open"), ("Which planet is... um...", "open"), ("So, ah.", "open"),
@@ -300,8 +324,17 @@ def test_words_cue(text: str, cue: str) -> None:
     ("What is the capital of France?", 0.85, "question"), ("Why is the sky blue?", 0.6, "can_end"),
     ("Set a timer for 10 minutes.", 0.98, "can_end"), ("I need a table for", 0.1, "open"), ("Hello?", 0.99, "lead_in"),
     # a sure "?" on an auxiliary or a preposition waits the unsure silence, not the maximum; unsure, a filler: open
-    ("Hello there, can you tell me what time it is?", 0.99, "asked_open"), ("Where are you from?", 0.9, "asked_open"),
-    ("Can you set a timer for?", 0.6, "open"), ("Is it, um?", 0.95, "open"), ("Can you tell me what time it is", 0.99, "open"),
+    ("Can you set a timer for?", 0.6, "open"), ("Is it, um?", 0.95, "open"), ("What is the capital of?", 0.95, "asked_open"),
+    # ... unless an earlier wh-word supplies what it lacks (an embedded question, a stranded preposition) or it is
+    # a verb's particle: then the clause can end there, and the sound decides as for any other ending
+    ("Hello there, can you tell me what time it is?", 0.99, "question"), ("Where are you from?", 0.9, "question"),
+    ("Can you tell me what time it is", 0.99, "can_end"), ("Could you tell me what the capital of Italy is.", 0.95, "can_end"),
+    ("Who is this gift for?", 0.9, "question"), ("I wonder where the station is.", 0.9, "can_end"), ("Go on.", 0.9, "can_end"),
+    ("Log me in.", 0.9, "can_end"), ("Guess how old I am.", 0.9, "can_end"),
+    # the guard: a wh-word that starts the clause, or no subject between, leaves a fragment open
+    ("What I want is.", 0.9, "open"), ("Where is?", 0.9, "asked_open"), ("How much is?", 0.9, "asked_open"),
+    ("Can you tell me what the capital of?", 0.9, "asked_open"), ("How long does it take to drive from?", 0.9, "asked_open"),
+    ("I want to go to the.", 0.9, "open"), ("The problem is.", 0.9, "open"), ("Can you tell me what is", 0.9, "open"),
 ])
 def test_words_cue_with_the_last_words_probability(text: str, last_word_prob: float, cue: str) -> None:
     assert turn_rule.words_cue(text, last_word_prob) == cue
