@@ -93,7 +93,9 @@ def turn_record(t: Turn) -> dict[str, Any]:
             if not cancelled and rec["failure"] is None and r.status == "completed":
                 # a fast thinker and talker can send the whole answer before the interruption's speech_started:
                 # nothing is left to cancel (a client truncates what it has not played), so it is no barge-in sample
+                # (more often with the backchannel filter: speech over an answer is decided before speech_started)
                 rec["failure"] = "the whole answer was sent before the barge-in's speech_started"
+                rec["no_sample"] = True
             if cancelled:
                 last = max((ts for ts, _ in r.deltas), default=None)
                 rec["barge_stop_ms"] = max(0.0, ms(last, t.t_barge) or 0.0) if last is not None else 0.0

@@ -147,7 +147,8 @@ def level_result(records: list[dict[str, Any]], info: dict[str, Any], hist: dict
     barge = [r for r in records if r["kind"] == "barge_target" and r["ok"]]
     summary = report.summarize_turns(ok)
     summary.update(report.summarize_turns(barge, report.BARGE_METRICS))
-    return {"turns_ok": len(ok), "turns_failed": sum(1 for r in records if not r["ok"]), "summary": summary,
+    return {"turns_ok": len(ok), "turns_failed": sum(1 for r in records if not r["ok"] and not r.get("no_sample")),
+            "barge_no_sample": sum(1 for r in records if r.get("no_sample")), "summary": summary,
             "server_histograms": hist or {}, "stage_times": stage_times(hist or {}, samples), "client": info, "turns": records}
 
 
@@ -182,7 +183,8 @@ async def run_sweep(url: str, http_url: str, corpus: dict[str, Utterance], plan:
         if cpu0 and cpu1 and res["turns_ok"]:
             res["cpu_ms_per_turn"] = {k: round((cpu1[k] - cpu0[k]) * 1000 / res["turns_ok"]) for k in cpu0}
         s = res["summary"]["ttfa_ms"]
-        log_line(f"  {n} session(s): {res['turns_ok']} ok, {res['turns_failed']} failed; TTFA p50 {s['p50']} p95 {s['p95']} ms")
+        log_line(f"  {n} session(s): {res['turns_ok']} ok, {res['turns_failed']} failed; TTFA p50 {s['p50']} p95 {s['p95']} ms"
+                 + ("; barge-in: no sample (the answer was all sent before speech_started)" if res["barge_no_sample"] else ""))
         out[str(n)] = res
     return out
 
