@@ -427,3 +427,53 @@ def test_a_gguf_path_brings_its_own_tokenizer(binary):
     text = "What is the capital of France? <|im_start|>assistant"
     assert by_path.tokenizer(text)["input_ids"] == packaged.tokenizer(text)["input_ids"]
     assert by_path.logit_bias == packaged.logit_bias and by_path.logit_bias
+
+
+def test_a_heavy_prompt_in_a_high_slot_is_not_starved_by_heavy_turns_below(binary):
+    """Issue #51: llama-server fills each batch in slot order and a heavy request takes the highest free slot,
+    so heavy turns that keep starting in the slots below took every batch and a heavy prompt in the top slot
+    waited minutes (here 27-32 s). Aged past ``prefill_pieces.AGE_CAP_S`` it holds the younger heavy pieces back
+    and gets the batches (here 3-5 s)."""
+    import queue
+    import random
+
+    words = "apple river stone cloud paper window garden silver music engine forest candle".split()
+
+    def story(seed: int) -> list[dict]:
+        r = random.Random(seed)
+        return _q(" ".join(r.choice(words) for _ in range(250)) + " Which word came first?")
+
+    s = create_ar_scheduler("smollm2", backend="llama.cpp", max_batch_size=4, kv_budget_tokens=4096,
+                            cpu_threads=1, default_max_tokens=4)
+    s.start()
+    try:
+        t0 = time.perf_counter()
+        send(s, "victim", {"messages": story(0), "session_id": "victim"})
+        wait_until(lambda: "victim" in s._slot_of, timeout=30)
+        turns = {f"churn{i}": 0 for i in range(3)}
+        for sid in turns:  # heavy turns that keep starting in the slots below the victim's
+            send(s, f"{sid}-0", {"messages": story(100 * int(sid[-1]) + 1), "session_id": sid})
+        slots = {sid: None for sid in turns}
+        took, victim_error = None, None
+        deadline = time.monotonic() + 120
+        while took is None and time.monotonic() < deadline:
+            for sid in turns:
+                slots[sid] = slots[sid] or s._last_slot.get(sid)
+            try:
+                msg = s.outbox.get(timeout=1)
+            except queue.Empty:
+                continue
+            if msg.type not in ("result", "error"):
+                continue
+            if msg.request_id == "victim":
+                took, victim_error = time.perf_counter() - t0, msg.data if msg.type == "error" else None
+                break
+            sid = msg.request_id.rsplit("-", 1)[0]
+            turns[sid] += 1
+            send(s, f"{sid}-{turns[sid]}", {"messages": story(100 * int(sid[-1]) + 1 + turns[sid]), "session_id": sid})
+        assert victim_error is None, victim_error
+        assert s._last_slot["victim"] == 3 and all(v is not None and v < 3 for v in slots.values()), (s._last_slot, slots)
+        # four heavy prefills sharing one thread take a few seconds each here; starved, the victim took 27-32 s
+        assert took is not None and took < 15, (took, turns)
+    finally:
+        s.stop()

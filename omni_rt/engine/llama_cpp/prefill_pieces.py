@@ -10,6 +10,14 @@ per-request batch share, so omni-rt feeds a heavy prompt's new tokens itself: pr
 waits while any short request is still prefilling (``ShortPrefills``). The real request then finds all but
 the last piece cached; the heavy prompt pays one small HTTP round trip per piece, a few percent of a
 16-token forward. Numbers: docs/tuning-cpu.md ("prefill pieces"), docs/benchmarks/soak.md.
+
+Why heavy prompts also hold each other back (issue #51): llama-server fills each batch in slot order and a
+heavy request takes the highest free slot, so when every session sends long turns, the heavy prefills in low
+slots take every batch whole and a heavy prompt parked in a high slot got no token for minutes while the
+sessions below kept starting turns. A heavy prompt still prefilling ``AGE_CAP_S`` after it started is aged
+(``ShortPrefills.begin_heavy``): the pieces of every heavy prompt that started after it wait for it (up to
+``AGED_WAIT_CAP_S`` a piece: with several younger prompts each sending a piece every ``WAIT_CAP_S``, their
+pieces alone filled the batches), so the oldest one gets the batches and finishes.
 """
 
 from __future__ import annotations
@@ -24,47 +32,79 @@ import httpx
 log = logging.getLogger(__name__)
 
 WAIT_CAP_S = 0.5  # at most this long per piece behind short prefills: a heavy prompt is slowed, never starved
+AGE_CAP_S = 2.0  # a heavy prompt still prefilling this long after it started holds younger heavy pieces back
+AGED_WAIT_CAP_S = 5.0  # at most this long per piece behind an aged heavy prompt (one stuck upstream ends no one)
 
 
 class ShortPrefills:
-    """The short (not heavy) requests that hold a slot and have not produced their first words yet (the
-    thinker's ``short_priority_tokens``: its first token, then the next ones of its first clause, would
-    otherwise share each forward with a heavy piece again).
+    """The requests whose prefill the heavy pieces wait for: the short (not heavy) requests that hold a slot and
+    have not produced their first words yet (the thinker's ``short_priority_tokens``: its first token, then the
+    next ones of its first clause, would otherwise share each forward with a heavy piece again), and the aged
+    heavy prompts (``begin_heavy`` more than ``AGE_CAP_S`` ago), which hold back only the heavy prompts that
+    started after them.
 
-    Lives in the scheduler's event loop; ``enter``/``leave`` are called from its generate coroutines."""
+    Lives in the scheduler's event loop; its methods are called from its generate coroutines."""
 
     def __init__(self) -> None:
         self._n = 0
-        self._idle: asyncio.Event | None = None
+        self._heavy: dict[object, float] = {}  # a heavy request before its first token -> when it started
+        self._changed: asyncio.Event | None = None  # set (and replaced) at every change: waiters look again
 
-    def _event(self) -> asyncio.Event:
-        if self._idle is None:  # created in the loop that uses it
-            self._idle = asyncio.Event()
-            self._idle.set()
-        return self._idle
+    def _pulse(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    def _aged(self, now: float) -> list[tuple[object, float]]:
+        return [(k, s) for k, s in self._heavy.items() if now - s >= AGE_CAP_S]
 
     @property
     def count(self) -> int:
-        return self._n
+        """Short prefills and aged heavy ones: what a paced answer steps out for."""
+        return self._n + len(self._aged(time.perf_counter()))
 
     def enter(self) -> None:
         self._n += 1
-        self._event().clear()
+        self._pulse()
 
     def leave(self) -> None:
         self._n = max(0, self._n - 1)
-        if self._n == 0:
-            self._event().set()
+        self._pulse()
 
-    async def wait_idle(self, cap_s: float = WAIT_CAP_S) -> float:
-        """Wait until no short request is prefilling, at most ``cap_s``; returns the seconds waited."""
-        if self._n == 0:
-            return 0.0
+    def begin_heavy(self, key: object, since: float) -> None:
+        """``key``'s heavy prefill started at ``since`` (perf_counter); aged ``AGE_CAP_S`` later."""
+        self._heavy.setdefault(key, since)
+
+    def end_heavy(self, key: object) -> None:
+        """``key`` has its first token (or ended): younger heavy pieces go on."""
+        if self._heavy.pop(key, None) is not None:
+            self._pulse()
+
+    def _holds(self, key: object | None, since: float | None, now: float) -> tuple[bool, bool]:
+        """(a short request is prefilling, an aged heavy one older than ``since`` other than ``key`` is)."""
+        return self._n > 0, any(k != key and (since is None or s < since) for k, s in self._aged(now))
+
+    async def wait_idle(self, cap_s: float = WAIT_CAP_S, key: object | None = None, since: float | None = None,
+                        aged_cap_s: float | None = None) -> float:
+        """Wait while a short request is prefilling (at most ``cap_s``) or an aged heavy one that started before
+        ``since`` (None: any) other than ``key`` is (at most ``aged_cap_s``, default ``cap_s``); returns the
+        seconds waited."""
+        aged_cap = cap_s if aged_cap_s is None else aged_cap_s
         t0 = time.perf_counter()
-        try:
-            await asyncio.wait_for(self._event().wait(), cap_s)
-        except asyncio.TimeoutError:
-            pass
+        if not any(self._holds(key, since, t0)):
+            return 0.0
+        for _ in range(100_000):  # a pass per change or per 50 ms; the caps end it anyway
+            now = time.perf_counter()
+            short, aged = self._holds(key, since, now)
+            left = max(cap_s - (now - t0) if short else 0.0, aged_cap - (now - t0) if aged else 0.0)
+            if left <= 0:
+                break
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            try:  # a heavy prompt ages without an event: look again every 50 ms
+                await asyncio.wait_for(self._changed.wait(), min(left, 0.05))
+            except asyncio.TimeoutError:
+                pass
         return time.perf_counter() - t0
 
 
@@ -83,15 +123,20 @@ async def prefill_in_pieces(
     slot: int,
     shorts: ShortPrefills,
     whole: bool = False,
+    key: object | None = None,
+    since: float | None = None,
 ) -> dict[str, Any]:
     """Prefill ``ids[:n]`` in ``slot`` for growing ``n`` (``cached + piece``, ``+ 2 piece``, ...), leaving the
     last piece or less to the real request (``whole``: all of ``ids``, for a prompt no request follows yet). A
     failed piece ends the feeding (the real request prefills the rest); cancellation propagates (the open piece
-    request is closed, and llama-server drops it). ``complete``: every piece went in."""
+    request is closed, and llama-server drops it). ``complete``: every piece went in. ``key``/``since``: the
+    request and when it started, for ``ShortPrefills`` (the caller registers it with ``begin_heavy``, so it ages
+    even while a piece is stuck, and ends it at its first token); without them (a hint) it waits for every aged
+    prompt."""
     sent, waited = 0, 0.0
     ends = list(range(cached + piece, len(ids), piece)) + ([len(ids)] if whole and len(ids) > cached else [])
     for end in ends:
-        waited += await shorts.wait_idle()
+        waited += await shorts.wait_idle(key=key, since=since, aged_cap_s=AGED_WAIT_CAP_S)
         try:
             resp = await client.post(url, json=prefill_only_body(ids[:end], slot))
         except httpx.HTTPError as exc:

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from collections import OrderedDict
 from contextlib import aclosing
 from typing import Any, AsyncIterator, Callable
@@ -416,6 +417,7 @@ class LlamaCppThinker(RemoteThinker):
         if not self.server.alive:  # restarting after a crash: the next answer waits for it, rather than fail
             await asyncio.to_thread(self.server.wait_ready, self.server.ready_timeout_s)
         restarts, pid = self.server.restarts, self.server.proc.pid if self.server.proc else None
+        started = time.perf_counter()
         own_prompt = self._own_tool_prompt(req)
         framed = bool(req.tools) and forces_call(req.tool_choice) and own_prompt
         await self._yield_hint(req.session_id)
@@ -427,9 +429,10 @@ class LlamaCppThinker(RemoteThinker):
         try:
             if heavy and taken is not None and self.prefill_piece_tokens and not own_prompt:
                 ids, new = taken  # (an own tool prompt is rendered differently from these ids)
+                self.shorts.begin_heavy(request_id, started)
                 await prefill_in_pieces(self.http_client(), self.server.base_url + "/completions", ids,
                                         cached=len(ids) - new, piece=self.prefill_piece_tokens, slot=slot,
-                                        shorts=self.shorts)
+                                        shorts=self.shorts, key=request_id, since=started)
             if framed:  # the call's opening was part of the prompt: the parser sees the whole block
                 yield Delta(text=TOOL_OPEN)
             pace = self._pace(req, taken, own_prompt)
@@ -440,6 +443,8 @@ class LlamaCppThinker(RemoteThinker):
                 async with aclosing(super().generate(request_id, leg)) as stream:
                     async for d in stream:
                         tokens += bool(d.text or d.token_ids)
+                        if tokens or d.finish_reason:
+                            self.shorts.end_heavy(request_id)  # its first token: younger heavy pieces go on
                         if short and (tokens >= self.short_priority_tokens or d.finish_reason):
                             short = False
                             self.shorts.leave()
@@ -482,6 +487,7 @@ class LlamaCppThinker(RemoteThinker):
         finally:
             if short:
                 self.shorts.leave()
+            self.shorts.end_heavy(request_id)
             self._slot_of.pop(request_id, None)
             self._bans.pop(request_id, None)
 
