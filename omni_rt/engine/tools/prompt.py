@@ -114,39 +114,24 @@ def speakable_tool_messages(messages: list[dict]) -> list[dict]:
 
 
 def _for_own(messages: list[dict], tools: list[dict] | None) -> list[dict]:
-    """Tool messages for a template without tool support: a call is left out, its result is given as plain
-    words in a user turn that repeats the question.
-
-    Why not the call's block: SmolLM2-135M imitated it in later turns (it "called" made-up functions, and with
-    no tools offered the markup was spoken); the system prompt shows the format when tools are offered."""
-    if messages and messages[-1].get("role") == "tool":
-        # the answer to a tool's output sees the instructions, the question and the result only: with the turns
-        # before them SmolLM2-135M kept its earlier answers' style and left the result out (1 of 6 results said,
-        # latency_bench.conversations; 4 of 6 on the same turns alone). The instructions' cached prefix still
-        # serves; the next turn prefills its window again (once per tool turn)
-        n_sys = 0
-        while n_sys < len(messages) and messages[n_sys].get("role") == "system":
-            n_sys += 1
-        asked = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=n_sys)
-        messages = messages[:n_sys] + messages[max(asked, n_sys):]
+    """Tool messages for a template without tool support: calls and results as Hermes-style text."""
     out = []
-    names: dict[str, str] = {}
-    question = ""
     for m in messages:
         if m.get("tool_calls"):
-            names.update({c.get("id", ""): c["function"]["name"] for c in m["tool_calls"]})
-            if (m.get("content") or "").strip():
-                out.append({"role": "assistant", "content": m["content"]})
+            blocks = [
+                "<tool_call>\n"
+                + json.dumps({"name": c["function"]["name"], "arguments": _args_obj(c["function"]["arguments"])})
+                + "\n</tool_call>"
+                for c in m["tool_calls"]
+            ]
+            out.append({"role": "assistant", "content": "\n".join(filter(None, [m["content"], *blocks]))})
         elif m["role"] == "tool":
-            # plain words, no markup: SmolLM2-135M read a <tool_response> block (and JSON) back as its answer,
-            # and it uses a result far more often when told to, next to the question it answers
-            name = names.get(m.get("tool_call_id", ""), "the tool").replace("_", " ")
-            ask = f' "{question}"' if question else ""
-            out.append({"role": "user", "content": f"Result of {name}: {speakable(m['content'])}.\n"
-                                                   f"Answer my question{ask} with this result, in one short sentence."})
+            # plain words, no markup: SmolLM2-135M read a <tool_response> block back as its answer, tags and all
+            # (spoken aloud); and it uses a result far more often when told to (without the last sentence it
+            # answered from its own knowledge)
+            out.append({"role": "user", "content": f"The tool returned: {m['content']}\n"
+                                                   "Answer my question using this tool result."})
         else:
-            if m["role"] == "user":
-                question = m["content"] if isinstance(m["content"], str) else ""
             out.append({"role": m["role"], "content": m["content"]})
     if tools:
         prompt = _own_tool_prompt(tools)

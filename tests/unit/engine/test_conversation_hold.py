@@ -17,7 +17,7 @@ from omni_rt.engine.prompt.history import HistoryWindow, recall_hints
 from omni_rt.engine.streamed.remote import request_body
 from omni_rt.engine.prompt.repetition import LLAMA_CPP_PENALTY_KEYS, RepeatGuard, copy_retry, earlier_answers, llama_cpp_fields
 from omni_rt.engine.prompt.request import GenRequest, SamplingParams, parse_request
-from omni_rt.engine.tools.prompt import _for_own, speakable
+from omni_rt.engine.tools.prompt import speakable, speakable_tool_messages
 
 PRESET_SAMPLING = {"repetition_penalty": 1.2, "no_repeat_ngram_size": 4}
 
@@ -201,18 +201,15 @@ def test_the_window_keeps_the_users_facts_after_the_trim_bounded_by_tokens():
     assert len(ids) <= 8 + 96 + w.cost(kept[0], 900) + w.cost(kept[-1], 900) + 16
 
 
-def test_speakable_tool_output_and_no_call_markup_in_the_prompt():
+def test_speakable_tool_output_for_a_remote_upstream():
+    """``speakable`` renders a JSON tool output as words for an upstream's own chat template (remote engines).
+    The built-in template path (``_for_own``) keeps its earlier wording: the cut-down, words-only variant lost
+    the Agents SDK and background-tool flows' results (the answer ignored them) and is not used."""
     assert speakable(json.dumps({"order_id": "42", "status": "shipped", "ok": True})) == "order id: 42; status: shipped; ok: yes"
     assert speakable("not json") == "not json"
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi, I'm Sofia."},
-            {"role": "assistant", "content": "Hello Sofia!"},
-            {"role": "user", "content": "Can you check my order 42?"},
+    msgs = [{"role": "user", "content": "Can you check my order 42?"},
             {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
                 "name": "get_order_status", "arguments": '{"order_id": "42"}'}}]},
             {"role": "tool", "tool_call_id": "c1", "content": '{"status": "shipped"}'}]
-    out = _for_own(msgs, None)
-    assert all("<tool_call>" not in m["content"] for m in out)
-    assert out[-1]["role"] == "user" and "status: shipped" in out[-1]["content"]
-    assert "Can you check my order 42?" in out[-1]["content"] and "{" not in out[-1]["content"]
-    # the answer to the result sees the instructions, the question and the result only
-    assert [m["role"] for m in out] == ["system", "user", "user"] and "Sofia" not in str(out)
+    out = speakable_tool_messages(msgs)
+    assert out[-1]["content"] == "status: shipped" and out[:2] == msgs[:2]
