@@ -26,12 +26,12 @@ import base64
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from latency_bench.bench_command import run_bench
 from latency_bench.server_proc import Server
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -163,10 +163,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    args.sessions = [int(x) for x in args.sessions.split(",")]
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    result = asyncio.run(run(args))
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(markdown(result))
-    print(f"\nload average {result['load_1m_start']} -> {result['load_1m_end']}; results in {args.out}", file=sys.stderr)
-    return 0
+    return run_bench(args, run, markdown)
