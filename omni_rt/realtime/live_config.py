@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni_rt.realtime.errors import ProtocolError
+from omni_rt.realtime.fields import json_object, known_keys
 from omni_rt.realtime.session_config import MAX_INSTRUCTIONS_CHARS
 
 # openai-python's BuiltInVoice (types/live/built_in_voice.py): accepted by name, spoken by the preset's voice
@@ -35,20 +36,6 @@ LIVE_FORMATS = {("audio/pcm", 24000): "audio/pcm", ("audio/pcm", 16000): "audio/
                 ("audio/pcmu", 8000): "audio/pcmu", ("audio/pcma", 8000): "audio/pcma"}
 ROLE_CONTENT = {"developer": ("input_text",), "user": ("input_text",), "assistant": ("output_text", "text")}
 CORE_ROLE = {"developer": "system", "user": "user", "assistant": "assistant"}
-
-
-def known_keys(obj: dict[str, Any], allowed: Any, param: str) -> None:
-    for key in obj:
-        if key not in allowed:
-            raise ProtocolError("unknown_parameter", f"unknown parameter '{param}.{str(key)[:40]}'", f"{param}.{str(key)[:40]}")
-
-
-def _obj(value: Any, param: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ProtocolError("invalid_type", f"{param} must be an object", param)
-    return value
 
 
 @dataclass
@@ -93,11 +80,11 @@ class LiveConfig:
                                     f"at most {MAX_INSTRUCTIONS_CHARS}", "session.instructions")
             cfg.instructions = instructions
         cfg.input = parse_input(session.get("input"))
-        audio = _obj(session.get("audio"), "session.audio")
+        audio = json_object(session.get("audio"), "session.audio")
         known_keys(audio, ("format", "output"), "session.audio")
         if audio.get("format") is not None:
             cfg.format_type, cfg.rate = parse_live_format(audio["format"])
-        out = _obj(audio.get("output"), "session.audio.output")
+        out = json_object(audio.get("output"), "session.audio.output")
         known_keys(out, ("voice",), "session.audio.output")
         if out.get("voice") is not None:
             cfg.voice = parse_voice(out["voice"])
@@ -139,7 +126,7 @@ class LiveConfig:
 
 def parse_live_format(value: Any) -> tuple[str, int]:
     param = "session.audio.format"
-    fmt = _obj(value, param)
+    fmt = json_object(value, param)
     known_keys(fmt, ("type", "rate"), param)
     ftype, rate = fmt.get("type"), fmt.get("rate")
     if ftype not in ("audio/pcm", "audio/pcmu", "audio/pcma"):
@@ -170,7 +157,7 @@ def parse_delegation(value: Any, param: str, current: str | None = None,
     (``session.update`` may omit the type, and may not change it)."""
     if value is None:
         return {"type": "client"}
-    deleg = _obj(value, param)
+    deleg = json_object(value, param)
     dtype = deleg.get("type", current)
     if current is not None and dtype != current:
         raise ProtocolError("invalid_value", f"{param}.type cannot change after session.start (it is '{current}')", f"{param}.type")
@@ -205,7 +192,7 @@ def parse_responses(value: Any, param: str, current: dict[str, Any] | None = Non
     ``session.update`` changes field by field (a start must name the ``model``)."""
     from omni_rt.engine.tools.schema import parse_tool_choice, validate_tools
 
-    given = _obj(value, param)
+    given = json_object(value, param)
     known_keys(given, RESPONSES_SUPPORTED + RESPONSES_REFUSED, param)
     for key in RESPONSES_REFUSED:
         if given.get(key) is not None:
@@ -252,7 +239,7 @@ def parse_input(items: Any) -> list[dict[str, Any]]:
     out, total = [], 0
     for i, item in enumerate(items):
         p = f"{param}[{i}]"
-        item = _obj(item, p)
+        item = json_object(item, p)
         known_keys(item, ("type", "role", "content", "id", "status"), p)
         if item.get("type", "message") != "message":
             raise ProtocolError("invalid_value", f"{p}.type must be 'message'", f"{p}.type")
@@ -262,7 +249,7 @@ def parse_input(items: Any) -> list[dict[str, Any]]:
         content = item.get("content")
         if not isinstance(content, list) or len(content) != 1:
             raise ProtocolError("invalid_value", f"{p}.content must hold exactly one text part", f"{p}.content")
-        part = _obj(content[0], f"{p}.content[0]")
+        part = json_object(content[0], f"{p}.content[0]")
         known_keys(part, ("type", "text"), f"{p}.content[0]")
         ptype = part.get("type", ROLE_CONTENT[role][0])
         if ptype not in ROLE_CONTENT[role]:

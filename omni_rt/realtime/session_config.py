@@ -7,13 +7,13 @@ accepted on input). Every refusal names its ``param``.
 from __future__ import annotations
 
 import copy
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from omni_rt.audio.formats import FORMAT_RATES, parse_audio_format
 from omni_rt.realtime.errors import ProtocolError
+from omni_rt.realtime.fields import is_number, json_object, known_keys
 from omni_rt.contracts import turn_detection
 from omni_rt.contracts.audio_in import AudioInSettings
 from omni_rt.contracts.turn_detection import TurnDetectionConfig
@@ -36,8 +36,8 @@ def parse_format(value: Any, param: str) -> str:
     if not isinstance(value, (str, dict)):
         raise ProtocolError("invalid_value", f"{param} must be an object like {{'type': 'audio/pcm', 'rate': 24000}}", param)
     if isinstance(value, dict):
-        _known_keys(value, ("type", "rate"), param)
-        if value.get("rate") is not None and not _is_number(value["rate"]):
+        known_keys(value, ("type", "rate"), param)
+        if value.get("rate") is not None and not is_number(value["rate"]):
             raise ProtocolError("invalid_type", f"{param}.rate must be a number", f"{param}.rate")
     if isinstance(value, dict) and "type" not in value:
         value = {**value, "type": "audio/pcm"}
@@ -45,27 +45,6 @@ def parse_format(value: Any, param: str) -> str:
         return parse_audio_format(value)
     except (ValueError, TypeError) as exc:
         raise ProtocolError("unsupported_format", str(exc), param) from None
-
-
-def _is_number(value: Any) -> bool:
-    """A finite JSON number (``true`` is not one)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _known_keys(obj: dict[str, Any], allowed: Any, param: str) -> None:
-    """Refuse a key this object does not have in the GA (or beta) schema, naming it: never silently ignored."""
-    for key in obj:
-        if key not in allowed:
-            raise ProtocolError("unknown_parameter", f"unknown parameter '{param}.{str(key)[:40]}'", f"{param}.{str(key)[:40]}")
-
-
-def _object(value: Any, param: str) -> dict[str, Any]:
-    """A JSON object, or ``{}`` for null/absent."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ProtocolError("invalid_type", f"{param} must be an object", param)
-    return value
 
 
 # The session fields a client may send: GA names (openai-python ``types/realtime/realtime_session_create_request_param``)
@@ -96,17 +75,17 @@ def parse_truncation(value: Any, param: str = "session.truncation") -> str | dic
         return value
     if not isinstance(value, dict):
         raise ProtocolError("invalid_type", "truncation must be 'auto', 'disabled' or an object", param)
-    _known_keys(value, ("type", "retention_ratio", "token_limits"), param)
+    known_keys(value, ("type", "retention_ratio", "token_limits"), param)
     if value.get("type") != "retention_ratio":
         raise ProtocolError("invalid_value", "truncation.type must be 'retention_ratio'", f"{param}.type")
     ratio = value.get("retention_ratio")
-    if not _is_number(ratio):
+    if not is_number(ratio):
         raise ProtocolError("invalid_type", "truncation.retention_ratio must be a number", f"{param}.retention_ratio")
     if not 0.0 <= ratio <= 1.0:
         raise ProtocolError("invalid_value", "truncation.retention_ratio must be between 0 and 1", f"{param}.retention_ratio")
     if value.get("token_limits") is not None:
-        limits = _object(value["token_limits"], f"{param}.token_limits")
-        _known_keys(limits, ("post_instructions",), f"{param}.token_limits")
+        limits = json_object(value["token_limits"], f"{param}.token_limits")
+        known_keys(limits, ("post_instructions",), f"{param}.token_limits")
         n = limits.get("post_instructions")
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise ProtocolError("invalid_value", "truncation.token_limits.post_instructions must be a positive integer",
@@ -182,7 +161,7 @@ class SessionConfig:
         caller validates on a copy (``copy``) and applies it only when all of it is valid."""
         if not isinstance(session, dict):
             raise ProtocolError("invalid_type", "session must be an object", "session")
-        _known_keys(session, GA_SESSION_FIELDS | BETA_SESSION_FIELDS, "session")
+        known_keys(session, GA_SESSION_FIELDS | BETA_SESSION_FIELDS, "session")
         session = {k: v for k, v in session.items() if v is not None or k in NULLABLE_FIELDS}
         self._refuse_unsupported(session)
         if "type" in session:
@@ -209,7 +188,7 @@ class SessionConfig:
             self.parallel_tool_calls = session["parallel_tool_calls"]
         if "temperature" in session:
             t = session["temperature"]
-            if not _is_number(t):
+            if not is_number(t):
                 raise ProtocolError("invalid_type", "session.temperature must be a number", "session.temperature")
             lo, hi = TEMPERATURE_RANGE
             if not lo <= t <= hi:
@@ -231,12 +210,12 @@ class SessionConfig:
             if not (mot == "inf" or (isinstance(mot, int) and not isinstance(mot, bool) and 1 <= mot <= 4096)):
                 raise ProtocolError("invalid_value", "max_output_tokens must be an integer 1..4096 or 'inf'", f"session.{tkey}")
             self.max_output_tokens = mot
-        audio = _object(session.get("audio"), "session.audio")
-        _known_keys(audio, ("input", "output"), "session.audio")
-        inp = _object(audio.get("input"), "session.audio.input")
-        out = _object(audio.get("output"), "session.audio.output")
-        _known_keys(inp, AUDIO_INPUT_FIELDS, "session.audio.input")
-        _known_keys(out, AUDIO_OUTPUT_FIELDS, "session.audio.output")
+        audio = json_object(session.get("audio"), "session.audio")
+        known_keys(audio, ("input", "output"), "session.audio")
+        inp = json_object(audio.get("input"), "session.audio.input")
+        out = json_object(audio.get("output"), "session.audio.output")
+        known_keys(inp, AUDIO_INPUT_FIELDS, "session.audio.input")
+        known_keys(out, AUDIO_OUTPUT_FIELDS, "session.audio.output")
         if "input_audio_format" in session:
             self.input_format = parse_format(session["input_audio_format"], "session.input_audio_format")
         if inp.get("format") is not None:
@@ -251,7 +230,7 @@ class SessionConfig:
         if td_key in inp or td_key in session:
             td = inp[td_key] if td_key in inp else session[td_key]
             if isinstance(td, dict):
-                _known_keys(td, TURN_DETECTION_FIELDS, "session.audio.input.turn_detection")
+                known_keys(td, TURN_DETECTION_FIELDS, "session.audio.input.turn_detection")
             self.turn_detection = self._parse_turn_detection(td)
         if "noise_reduction" in inp or "input_audio_noise_reduction" in session:
             in_audio = "noise_reduction" in inp
@@ -269,7 +248,7 @@ class SessionConfig:
             return None
         if not isinstance(tr, dict):
             raise ProtocolError("invalid_type", "transcription must be an object or null", param)
-        _known_keys(tr, TRANSCRIPTION_FIELDS, param)
+        known_keys(tr, TRANSCRIPTION_FIELDS, param)
         for key in ("model", "language", "prompt"):
             if tr.get(key) is not None and not isinstance(tr[key], str):
                 raise ProtocolError("invalid_type", f"transcription.{key} must be a string", f"{param}.{key}")
@@ -291,7 +270,7 @@ class SessionConfig:
             return None
         if not isinstance(nr, dict):
             raise ProtocolError("invalid_type", "noise_reduction must be null or an object like {'type': 'near_field'}", param)
-        _known_keys(nr, ("type",), param)
+        known_keys(nr, ("type",), param)
         if nr.get("type") not in NOISE_REDUCTION_TYPES:
             raise ProtocolError("invalid_value", "noise_reduction.type must be 'near_field' or 'far_field'", f"{param}.type")
         return str(nr["type"])
@@ -300,12 +279,11 @@ class SessionConfig:
         """Fields this server cannot honour are refused by name, never silently ignored; a value of the wrong
         type or out of the schema's range is refused as such first."""
         audio = session.get("audio") if isinstance(session.get("audio"), dict) else {}
-        inp = audio.get("input") if isinstance(audio.get("input"), dict) else {}
         out = audio.get("output") if isinstance(audio.get("output"), dict) else {}
         speed_param = "session.audio.output.speed" if "speed" in out else "session.speed"
         speed = out.get("speed", session.get("speed"))
         if speed is not None:
-            if not _is_number(speed):
+            if not is_number(speed):
                 raise ProtocolError("invalid_type", "speed must be a number", speed_param)
             if not 0.25 <= speed <= 1.5:
                 raise ProtocolError("invalid_value", "speed must be between 0.25 and 1.5", speed_param)
@@ -316,7 +294,7 @@ class SessionConfig:
             if not (tracing == "auto" or isinstance(tracing, dict)):
                 raise ProtocolError("invalid_value", "session.tracing must be null, 'auto' or an object", "session.tracing")
             if isinstance(tracing, dict):
-                _known_keys(tracing, ("group_id", "metadata", "workflow_name"), "session.tracing")
+                known_keys(tracing, ("group_id", "metadata", "workflow_name"), "session.tracing")
             raise ProtocolError("unsupported_value", "session.tracing is not supported by this server (no trace "
                                 "dashboard); the OpenAI Agents SDK stops sending it with tracing_disabled in its run "
                                 "config", "session.tracing")
@@ -337,8 +315,8 @@ class SessionConfig:
                 raise ProtocolError("unsupported_value", "session.include: this server's ASR gives no logprobs", "session.include")
         reasoning = session.get("reasoning")
         if reasoning is not None:
-            reasoning = _object(reasoning, "session.reasoning")
-            _known_keys(reasoning, ("effort",), "session.reasoning")
+            reasoning = json_object(reasoning, "session.reasoning")
+            known_keys(reasoning, ("effort",), "session.reasoning")
             if reasoning.get("effort") is not None and reasoning["effort"] not in REASONING_EFFORTS:
                 raise ProtocolError("invalid_value", f"session.reasoning.effort must be one of {list(REASONING_EFFORTS)}",
                                     "session.reasoning.effort")
@@ -365,7 +343,7 @@ class SessionConfig:
         """One of the preset's voices. OpenAI's built-in names (the SDKs' defaults) select the preset's default
         voice, and the session echoes the voice actually used, so nothing claims a voice it does not have."""
         if isinstance(voice, dict):
-            _known_keys(voice, ("id",), "session.audio.output.voice")
+            known_keys(voice, ("id",), "session.audio.output.voice")
             voice = voice.get("id")
         if not isinstance(voice, str) or (voice not in self.voices and voice not in OPENAI_VOICES):
             raise ProtocolError("invalid_value", f"voice {str(voice)[:40]!r} is not available; this preset has {list(self.voices)}",

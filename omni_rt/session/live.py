@@ -35,12 +35,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
-
 from omni_rt.audio.pcm import StreamResampler, float_to_pcm16, pcm16_to_float
 from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.events import event_id_of, new_id, parse_client_message
-from omni_rt.realtime.live_config import SESSION_LIFETIME_S, LiveConfig, core_item, parse_delegation, known_keys
+from omni_rt.realtime.fields import known_keys
+from omni_rt.realtime.live_config import SESSION_LIFETIME_S, LiveConfig, core_item, parse_delegation
 from omni_rt.realtime.session_config import SessionConfig
 
 log = logging.getLogger("omni_rt.live")

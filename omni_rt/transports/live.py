@@ -22,6 +22,7 @@ from omni_rt.session.live import LiveSession
 from omni_rt.transports.live_backend import BackendTasks
 from omni_rt.transports.host import new_session
 from omni_rt.transports.runner import SessionRunner
+from omni_rt.transports.sideband import Sidebands
 from omni_rt.transports.websocket import CLOSE_FULL, CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, safe_reason
 
 if TYPE_CHECKING:
@@ -30,12 +31,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("omni_rt.live")
 
 
-MAX_SIDEBAND_EVENTS = 4096  # events queued for a sideband controller that does not read (then it is dropped)
-
-
 class LiveRegistry:
     """The Live sessions of this server by id, for their ``/attach`` sidebands. An entry has ``sidebands`` (a set
-    of queues every server event is copied to), ``ended`` (an ``asyncio.Event``) and ``sideband_message(raw)``."""
+    ``omni_rt.transports.sideband.Sidebands``), ``ended`` (an ``asyncio.Event``) and ``sideband_message(raw)``."""
 
     def __init__(self) -> None:
         self.sessions: dict[str, Any] = {}
@@ -45,54 +43,7 @@ class LiveRegistry:
         if entry is None:
             await ws.close(code=CLOSE_POLICY, reason="unknown session id")
             return
-        await serve_sideband(ws, entry)
-
-
-def fan_out(sidebands: set[asyncio.Queue], event: dict[str, Any]) -> None:
-    for queue in list(sidebands):
-        if queue.full():  # a controller that stopped reading is dropped; the session goes on
-            sidebands.discard(queue)
-        else:
-            queue.put_nowait(event)
-
-
-async def serve_sideband(ws: WebSocket, entry: Any) -> None:
-    """A server-side controller: it receives every event the session's client gets and its client events drive
-    the same session, until either side leaves."""
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=MAX_SIDEBAND_EVENTS)
-    entry.sidebands.add(queue)
-
-    async def send() -> None:
-        while True:
-            await ws.send_json(await queue.get())
-
-    async def receive() -> None:
-        while True:
-            msg = await ws.receive()
-            if msg["type"] == "websocket.disconnect":
-                return
-            data = msg.get("text") if msg.get("text") is not None else msg.get("bytes")
-            if data is not None and not entry.ended.is_set():
-                entry.sideband_message(data)
-
-    tasks = [asyncio.create_task(send()), asyncio.create_task(receive()), asyncio.create_task(entry.ended.wait())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        if entry.ended.is_set():  # the session's last events (session.closed) first
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(_drain(ws, queue), timeout=2.0)
-    finally:
-        entry.sidebands.discard(queue)
-        for task in tasks:
-            task.cancel()
-        with contextlib.suppress(Exception):
-            await ws.close(code=CLOSE_POLICY if queue.full() else CLOSE_NORMAL,
-                           reason="sideband not reading" if queue.full() else "session ended" if entry.ended.is_set() else "")
-
-
-async def _drain(ws: WebSocket, queue: asyncio.Queue) -> None:
-    while not queue.empty():
-        await ws.send_json(queue.get_nowait())
+        await entry.sidebands.serve(ws, ended=entry.ended, feed=entry.sideband_message, ended_reason="session ended")
 
 
 class LiveConnection:
@@ -100,7 +51,7 @@ class LiveConnection:
                  registry: LiveRegistry | None = None) -> None:
         self.ws, self.runtime = ws, runtime
         self.registry = registry
-        self.sidebands: set[asyncio.Queue] = set()
+        self.sidebands = Sidebands()
         self.ended = asyncio.Event()
         url = getattr(runtime.settings, "delegate", None)
         self.live = LiveSession(voices=tuple(runtime.config.voices), delegation_policy=delegation_policy,
@@ -181,7 +132,7 @@ class LiveConnection:
                 self.live.tick()
                 self._feed_core()
             for event in self.live.events_to_send():
-                fan_out(self.sidebands, event)
+                self.sidebands.fan_out(event)
                 try:
                     await asyncio.wait_for(self.ws.send_json(event), timeout=timeout)
                 except asyncio.TimeoutError:

@@ -68,7 +68,6 @@ class LiveCall(Call):
         """``live_registry``: the server's ``LiveRegistry`` (``omni_rt.transports.live``), for ``/attach``."""
         super().__init__(host, runner, registry, client)
         self.live = live
-        self.sidebands = self._sidebands  # the call's fan-out: every event sent also goes to its controllers
         if live_registry is not None:
             live_registry.sessions[live.id] = self
             self._live_registry = live_registry

@@ -48,6 +48,7 @@ from omni_rt.realtime.errors import ProtocolError
 from omni_rt.realtime.events import new_id
 from omni_rt.transports.host import new_session
 from omni_rt.transports.runner import SessionRunner
+from omni_rt.transports.sideband import Sidebands
 from omni_rt.transports.webrtc_admission import PendingCalls
 from omni_rt.transports.webrtc_ice import GatherError, IceConfig, restrict_gathering
 from omni_rt.transports.webrtc_media import WIRE_RATE, PacedAudioTrack, decode_on_arrival, webrtc_available
@@ -59,7 +60,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("omni_rt.webrtc")
 logging.getLogger("aioice").setLevel(logging.WARNING)  # one INFO line per candidate pair check, per call
 
-MAX_SIDEBAND_EVENTS = 4096  # server events queued for a sideband controller that does not read
 
 __all__ = ["Call", "CallError", "CallRegistry", "read_offer", "webrtc_available"]
 
@@ -91,7 +91,7 @@ class Call:
         self._out_resampler: StreamResampler | None = None
         self._out_key: tuple[str, str] | None = None  # (item id, format) the resampler is streaming
         self._tasks: list[asyncio.Task] = []
-        self._sidebands: set[asyncio.Queue] = set()  # server-side controllers (serve_sideband)
+        self.sidebands = Sidebands()  # server-side controllers (serve_sideband)
         self._main: asyncio.Task | None = None
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("track", self._on_track)
@@ -222,11 +222,7 @@ class Call:
     def _send(self, event: dict[str, Any]) -> None:
         if self.channel is not None and self.channel.readyState == "open":
             self.channel.send(json.dumps(event))
-        for queue in list(self._sidebands):
-            if queue.full():  # a controller that stopped reading is dropped, the call goes on
-                self._sidebands.discard(queue)
-            else:
-                queue.put_nowait(event)
+        self.sidebands.fan_out(event)
 
     def _audio_started(self, response_id: str) -> None:
         self._send({"type": "output_audio_buffer.started", "event_id": new_id("event"), "response_id": response_id})
@@ -391,8 +387,6 @@ class Call:
     async def serve_sideband(self, ws: Any) -> None:
         """A server-side controller on ``/v1/realtime?call_id=``: its client events drive this call's session (same
         validation), and it receives every server event the data channel gets, until either side leaves."""
-        from starlette.websockets import WebSocketDisconnect
-
         if not self.admitted.is_set():  # a controller of a call still connecting waits for its session
             waits = {asyncio.create_task(self.admitted.wait()), asyncio.create_task(self.ended.wait())}
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)  # ends by the connect deadline
@@ -402,32 +396,7 @@ class Call:
                 with contextlib.suppress(Exception):
                     await ws.close(code=1000, reason="call ended")
                 return
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=MAX_SIDEBAND_EVENTS)
-        self._sidebands.add(queue)
-
-        async def send() -> None:
-            while True:
-                await ws.send_json(await queue.get())
-
-        async def receive() -> None:
-            while True:
-                msg = await ws.receive()
-                if msg["type"] == "websocket.disconnect":
-                    raise WebSocketDisconnect(msg.get("code", 1000))
-                data = msg.get("text") if msg.get("text") is not None else msg.get("bytes")
-                if data is not None and not self.ended.is_set():
-                    self.runner.feed_message(data)
-
-        tasks = [asyncio.create_task(send()), asyncio.create_task(receive()), asyncio.create_task(self.ended.wait())]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            self._sidebands.discard(queue)
-            for task in tasks:
-                task.cancel()
-            with contextlib.suppress(Exception):
-                reason = "call ended" if self.ended.is_set() else ("sideband not reading" if queue.full() else "")
-                await ws.close(code=1000 if not queue.full() else 1008, reason=reason)
+        await self.sidebands.serve(ws, ended=self.ended, feed=self.runner.feed_message, ended_reason="call ended")
 
 
 class CallRegistry:
