@@ -138,6 +138,7 @@ class ARScheduler(ThreadedScheduler):
         self.eos_token_ids = self.inputs.eos_token_ids
         bias = vocab_bias(tokenizer, self.inputs.languages, engine.vocab_size)
         engine.sampler.vocab_bias = None if bias is None else bias.to(engine.device)
+        engine.sampler.ending = None if self.inputs.ending is None else self.inputs.ending.to(engine.device)
         self.tools = ToolDecoding(tokenizer, engine.vocab_size, self.eos_token_ids, engine.device)
         self.output = TokenPublisher(self.emit, self.emit_error)
         self.metrics = {"decode_steps": 0, "decode_s": 0.0, "decode_rows": 0, "prefill_tokens": 0, "prefill_s": 0.0,

@@ -23,6 +23,7 @@ import random
 import numpy as np
 import torch
 
+from omni_rt.engine.builtin.copy_ban import MAX_COPIES, MAX_COPY_TOKENS
 from omni_rt.engine.prompt.request import SamplingParams
 
 _M32 = 0xFFFFFFFF
@@ -89,6 +90,16 @@ def no_repeat_ngram_ban(hist: torch.Tensor, gen_len: torch.Tensor, n: torch.Tens
     return ban[:, :vocab]
 
 
+def copy_end_ban(hist: torch.Tensor, gen_len: torch.Tensor, copy_ids: torch.Tensor, copy_len: torch.Tensor) -> torch.Tensor:
+    """[B] bool: rows whose generated tokens are exactly one of their earlier answers (``copy_ids`` [B, C, L],
+    ``-1``-padded, of ``copy_len`` [B, C] tokens; 0 = no answer there). Such a row may not end now."""
+    width = min(copy_ids.shape[-1], hist.shape[-1])
+    h, ids = hist[:, None, :width], copy_ids[:, :, :width]
+    beyond = torch.arange(width, device=hist.device)[None, None, :] >= copy_len[:, :, None]
+    same = ((h == ids) | beyond).all(dim=-1) & (copy_len > 0) & (copy_len <= width) & (gen_len[:, None] == copy_len)
+    return same.any(dim=-1)
+
+
 def filter_logits(
     x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor, *, sort: bool, use_min_p: bool
 ) -> torch.Tensor:
@@ -131,8 +142,12 @@ class SlotSampler:
         self.counts = torch.zeros(num_slots, vocab_size, **f32)
         self.hist = torch.full((num_slots, max_len), -1, **i64)
         self._vocab_hash = _mix32(torch.arange(vocab_size, **i64) * 0x9E37 + 0x85EBCA6B & _M32)
+        # earlier answers a slot's answer may not end as (omni_rt.engine.builtin.copy_ban); the ending tokens
+        self.copy_ids = torch.full((num_slots, MAX_COPIES, MAX_COPY_TOKENS), -1, **i64)
+        self.copy_len = torch.zeros(num_slots, MAX_COPIES, **i64)
+        self.ending: torch.Tensor | None = None  # [V] bool, set by the scheduler from its tokenizer
         # host mirrors: which (whole-batch) passes a step needs, decided without reading the device
-        self._h = np.zeros((num_slots, 6), dtype=np.int64)  # sampled, sort, min_p, penalties, ngram, gen_len
+        self._h = np.zeros((num_slots, 7), dtype=np.int64)  # sampled, sort, min_p, penalties, ngram, gen_len, copies
         self.vocab_bias: torch.Tensor | None = None  # [V] float added to every row (language steering)
 
     # ------------------------------------------------------------ slot state
@@ -146,9 +161,15 @@ class SlotSampler:
         self.greedy[slot] = p.greedy
         penal = p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
         sampled = not p.greedy
+        copies = [c for c in p.copies if 0 < len(c) <= MAX_COPY_TOKENS][:MAX_COPIES]
+        self.copy_ids[slot].fill_(-1)
+        self.copy_len[slot].zero_()
+        for i, ids in enumerate(copies):
+            self.copy_ids[slot, i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            self.copy_len[slot, i] = len(ids)
         self._h[slot] = (
             sampled, sampled and (p.top_k > 0 or p.top_p < 1.0), sampled and p.min_p > 0, penal,
-            p.no_repeat_ngram_size, 0,
+            p.no_repeat_ngram_size, 0, len(copies),
         )
         self.release(slot, params_too=False)
 
@@ -159,10 +180,12 @@ class SlotSampler:
         self._h[slot, 5] = 0
         if params_too:
             self._h[slot, :5] = 0
+            self._h[slot, 6] = 0
+            self.copy_len[slot].zero_()
 
     def move(self, src: int, dst: int) -> None:
         for t in (self.temperature, self.top_p, self.min_p, self.rep, self.freq, self.pres, self.top_k, self.ngram,
-                  self.seed, self.greedy, self.gen_len, self.counts, self.hist):
+                  self.seed, self.greedy, self.gen_len, self.counts, self.hist, self.copy_ids, self.copy_len):
             t[dst] = t[src]
         self._h[dst] = self._h[src]
         self.release(src)
@@ -170,7 +193,7 @@ class SlotSampler:
     def swap(self, a: int, b: int) -> None:
         """Exchange two slots' parameters and histories (the engine swapped their KV)."""
         for t in (self.temperature, self.top_p, self.min_p, self.rep, self.freq, self.pres, self.top_k, self.ngram,
-                  self.seed, self.greedy, self.gen_len, self.counts, self.hist, self._h):
+                  self.seed, self.greedy, self.gen_len, self.counts, self.hist, self.copy_ids, self.copy_len, self._h):
             t[[a, b]] = t[[b, a]]
 
     # ------------------------------------------------------------ picking
@@ -185,6 +208,9 @@ class SlotSampler:
             width = max(1, min(int(h[:, 5].max()), self.max_len))
             ban = no_repeat_ngram_ban(self.hist[slots, :width], self.gen_len[slots], self.ngram[slots], x.shape[-1])
             x = x.masked_fill(ban, float("-inf"))
+        if h[:, 6].any() and self.ending is not None:
+            copy = copy_end_ban(self.hist[slots, :MAX_COPY_TOKENS], self.gen_len[slots], self.copy_ids[slots], self.copy_len[slots])
+            x = x.masked_fill(copy[:, None] & self.ending[None, :], float("-inf"))
         if self.vocab_bias is not None:
             x = x + self.vocab_bias[None, :]
         out = x.argmax(dim=-1)

@@ -17,6 +17,7 @@ from omni_rt.engine.prompt.detokenize import TextStream
 from omni_rt.engine.prompt.history import HistoryWindow
 from omni_rt.engine.prompt.language import check_languages, steer_messages
 from omni_rt.engine.prompt.request import _num, parse_answer_policy, parse_request, parse_sampling
+from omni_rt.engine.builtin.copy_ban import copy_prefixes, ending_tokens
 from omni_rt.engine.builtin.sequence import Sequence
 from omni_rt.engine.tools.prompt import render_prompt
 
@@ -53,6 +54,8 @@ class SequenceBuilder:
         if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
             eos.add(tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
+        # the tokens that end an answer: a spoken answer that is an earlier one's copy may not end with them
+        self.ending = ending_tokens(tokenizer, vocab_size, self.eos_token_ids) if tokenizer is not None else None
         self.history = HistoryWindow(tokenizer, max_seq_len, kv_tokens=kv_budget_tokens, slots=slots,
                                      session_tokens=history_tokens, conversation_tokens=conversation_tokens,
                                      name=name) if tokenizer is not None else None
@@ -67,6 +70,10 @@ class SequenceBuilder:
             req.sampling = dataclasses.replace(req.sampling, repetition_penalty=1.0, frequency_penalty=0.0,
                                                presence_penalty=0.0, no_repeat_ngram_size=0)
         tok = self.tokenizer
+        if (req.messages is not None and self.ending is not None and req.output == "text"
+                and req.answer_policy is not None and not (req.tools and forces_call(req.tool_choice))):
+            # a spoken answer may not end as a copy of an earlier one (omni_rt.engine.builtin.copy_ban)
+            req.sampling = dataclasses.replace(req.sampling, copies=copy_prefixes(tok, req.messages, self.ending))
         if req.messages is not None:
             req.messages = steer_messages(req.messages, self.languages)
             if tok is None:

@@ -1,7 +1,8 @@
 """Loop and copy control for engines that stream text from elsewhere (llama-server, any OpenAI-compatible upstream).
 
 The built-in engine applies the preset's ``sampling`` repetition controls in its own sampler, over the answer's
-tokens (``omni_rt.engine.builtin.sampling``). An upstream has other knobs, so each field is mapped to what it has, and
+tokens (``omni_rt.engine.builtin.sampling``), and keeps answers from ending as copies there too
+(``omni_rt.engine.builtin.copy_ban``). An upstream has other knobs, so each field is mapped to what it has, and
 what it has not is enforced here on the stream, never silently dropped (issue #50: ``repetition_penalty: 1.2``
 and ``no_repeat_ngram_size: 4`` were left out of every llama-server request, and a 135M thinker then said
 "konkledi, konkledi, ..." until the word cap, and copied its earlier answers word for word).

@@ -28,6 +28,9 @@ class SamplingParams:
     presence_penalty: float = 0.0  # logit -= p if the token is in the answer so far
     no_repeat_ngram_size: int = 0  # > 0: never generate the same n-gram twice in one answer
     seed: int | None = None
+    # earlier answers of the session as token ids up to their last word: an answer that is exactly one of them may
+    # not end there (the built-in engine, omni_rt.engine.builtin.copy_ban); set by the engine, not by a client
+    copies: tuple[tuple[int, ...], ...] = ()
 
     @property
     def greedy(self) -> bool:

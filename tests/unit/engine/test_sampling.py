@@ -12,7 +12,7 @@ from omni_rt.engine.weights import loader as weights
 from omni_rt.engine.factory import create_ar_scheduler
 from omni_rt.engine.prompt.language import steer_messages, vocab_mask
 from omni_rt.engine.prompt.request import SamplingParams, parse_request
-from omni_rt.engine.builtin.sampling import SlotSampler, no_repeat_ngram_ban
+from omni_rt.engine.builtin.sampling import SlotSampler, copy_end_ban, no_repeat_ngram_ban
 from tiny_models import build_tiny_model
 from omni_rt.testing.stage_driver import collect, send
 
@@ -89,6 +89,54 @@ def test_no_repeat_ngram_ban_unit():
     assert ban[0].nonzero().flatten().tolist() == [7]  # "5 6" was followed by 7
     assert ban[1].nonzero().flatten().tolist() == [1]  # "1" was followed by 1
     assert not no_repeat_ngram_ban(hist, torch.tensor([5, 3]), torch.tensor([0, 0]), 10).any()
+
+
+def test_copy_end_ban_unit():
+    """A row is held open exactly when its generated tokens are one of its earlier answers, whole."""
+    copies = torch.tensor([[[5, 6, 7, -1], [5, 6, -1, -1]], [[1, 2, 3, 4], [-1, -1, -1, -1]]])
+    lens = torch.tensor([[3, 2], [4, 0]])
+    hist = torch.tensor([[5, 6, 7, -1, -1], [1, 2, 3, -1, -1]])
+    assert copy_end_ban(hist, torch.tensor([3, 3]), copies, lens).tolist() == [True, False]  # row 1: 3 of 4 tokens
+    assert copy_end_ban(hist, torch.tensor([2, 4]), copies, lens).tolist() == [True, False]  # "5 6" is a copy too
+    assert copy_end_ban(hist[:, :2], torch.tensor([3, 3]), copies, lens).tolist() == [False, False]  # narrower hist
+
+
+def test_an_answer_that_is_an_earlier_one_may_not_end_there():
+    """Greedy logits that would end (token 0) right after the tokens of an earlier answer: the row carrying that
+    answer as a copy goes on instead; a row without it ends; a batch does not mix them up."""
+    ending = torch.zeros(V, dtype=torch.bool)
+    ending[0] = True
+    script = [7, 8, 9, 0]  # the answer the logits dictate, then the end token
+
+    def logits(step: int) -> torch.Tensor:
+        x = torch.zeros(V)
+        x[script[min(step, 3)]] = 5.0
+        x[11] = 4.0  # the second best: what a held-open answer says instead of ending
+        return x
+
+    s = SlotSampler(2, V, 32, torch.device("cpu"))
+    s.ending = ending
+    s.assign(0, SamplingParams(copies=((7, 8, 9),)))
+    s.assign(1, SamplingParams(copies=((7, 8, 4),)))  # another earlier answer: not this one
+    got = [s.select(torch.stack([logits(step)] * 2), slice(0, 2)).tolist() for step in range(4)]
+    assert [g[0] for g in got] == [7, 8, 9, 11] and [g[1] for g in got] == [7, 8, 9, 0]
+    s.release(0)
+    s.move(1, 0)  # compaction carries the copies with the slot
+    assert int(s.copy_len[0, 0]) == 3 and int(s.copy_len[1, 0]) == 0
+
+
+def test_copy_prefixes_of_a_real_tokenizer():
+    """Earlier answers become token ids without their ending; short ones and non-answers are left out."""
+    from omni_rt.engine.builtin.copy_ban import copy_prefixes, ending_tokens
+
+    tok = weights.load_tokenizer(weights.resolve_model("smollm2"))
+    ending = ending_tokens(tok, len(tok), [tok.eos_token_id])
+    assert ending[tok.encode(".", add_special_tokens=False)[0]] and ending[tok.eos_token_id]
+    assert not ending[tok.encode(" Paris", add_special_tokens=False)[0]]
+    msgs = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "The capital is Paris."},
+            {"role": "assistant", "content": "Yes."}, {"role": "assistant", "content": [{"type": "text"}]}]
+    (only,) = copy_prefixes(tok, msgs, ending)
+    assert tok.decode(list(only)) == "The capital is Paris"
 
 
 def test_repetition_penalty_breaks_a_fixed_point():
