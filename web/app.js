@@ -377,20 +377,25 @@ class Session {
   }
 
   openSocket() {
+    this.connect(realtimeUrl, () => {
+      this.opened = true;
+      this.send(SESSION_UPDATE);
+      if (this.captureNode) this.onReady();
+    });
+  }
+
+  // Open the session's WebSocket at urlOf(token); onOpen sends the protocol's first event.
+  connect(urlOf, onOpen) {
     let url;
     try {
-      url = realtimeUrl(this.token);
+      url = urlOf(this.token);
     } catch (e) {
       throw new ClientError(`Bad server address: ${e.message}`);
     }
     this.url = url;
     const ws = new WebSocket(url.href);
     this.ws = ws;
-    ws.onopen = () => {
-      this.opened = true;
-      this.send(SESSION_UPDATE);
-      if (this.captureNode) this.onReady();
-    };
+    ws.onopen = onOpen;
     ws.onmessage = (e) => this.receive(e.data);
     ws.onerror = () => {}; // details arrive with onclose
     ws.onclose = (e) => this.onClose(e);
@@ -900,21 +905,7 @@ class LiveWsSession extends Session {
   }
 
   openSocket() {
-    let url;
-    try {
-      url = liveUrl(this.token);
-    } catch (e) {
-      throw new ClientError(`Bad server address: ${e.message}`);
-    }
-    this.url = url;
-    const ws = new WebSocket(url.href);
-    this.ws = ws;
-    ws.onopen = () => {
-      this.send({ type: 'session.start', session: { model: 'gpt-live-1' } });
-    };
-    ws.onmessage = (e) => this.receive(e.data);
-    ws.onerror = () => {};
-    ws.onclose = (e) => this.onClose(e);
+    this.connect(liveUrl, () => this.send({ type: 'session.start', session: { model: 'gpt-live-1' } }));
   }
 
   onMic(msg) {
