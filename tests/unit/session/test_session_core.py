@@ -165,6 +165,40 @@ def test_parallel_tool_calls_become_function_call_items() -> None:
     assert [m["role"] for m in msgs[-3:]] == ["assistant", "tool", "tool"] and len(msgs[-3]["tool_calls"]) == 2
 
 
+def test_session_tool_choice_may_come_before_its_tools() -> None:
+    """LiveKit's realtime plugin sends ``tool_choice`` in its first session.update and its tools in the next: the
+    first is accepted (echoed), and every response resolves the choice against the tools it then has."""
+    s = opened()
+    s.receive_event({"type": "session.update", "event_id": "tc", "session": {"type": "realtime", "tool_choice": "required"}})
+    events, _ = drain(s)
+    assert not [e for e in events if e["type"] == "error"], events
+    assert next(e for e in events if e["type"] == "session.updated")["session"]["tool_choice"] == "required"
+    s.receive_event({"type": "response.create"})  # no tools yet: a plain answer
+    start = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse))
+    assert "tools" not in start.payload and "tool_choice" not in start.payload
+    s.receive_event({"type": "response.cancel"})
+    s.receive_result(start.response_id, {"prompt_tokens": 1, "completion_tokens": 0})
+    drain(s)
+    tool = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    s.receive_event({"type": "session.update", "session": {"type": "realtime", "tools": [tool]}})
+    s.receive_event({"type": "response.create"})
+    start = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse))
+    assert start.payload["tools"][0]["name"] == "get_time" and start.payload["tool_choice"] == "required"
+    s.receive_event({"type": "response.cancel"})
+    s.receive_result(start.response_id, {"prompt_tokens": 1, "completion_tokens": 0})
+    drain(s)
+    # a named function the session does not hold cannot be forced: the response runs under auto
+    s.receive_event({"type": "session.update", "session": {"type": "realtime", "tool_choice": {"type": "function", "name": "later"}}})
+    s.receive_event({"type": "response.create"})
+    events, commands = drain(s)
+    assert not [e for e in events if e["type"] == "error"], events
+    assert next(x for x in commands if isinstance(x, cmd.StartResponse)).payload["tool_choice"] == "auto"
+    # a response states its tools and choice at once: there the choice must fit them
+    s.receive_event({"type": "response.create", "event_id": "bad", "response": {"tools": [], "tool_choice": "required"}})
+    err = next(e for e in drain(s)[0] if e["type"] == "error")
+    assert err["error"]["param"] == "response.tool_choice" and err["error"]["event_id"] == "bad", err
+
+
 def test_function_call_only_response_event_sequence() -> None:
     """The GA sequence of a response that only calls a tool, and of one that speaks after a call: the message
     item is announced with its first text, at the output index after the call."""
