@@ -322,6 +322,24 @@ def test_a_setting_the_stage_refuses_keeps_the_old_one() -> None:
 
 
 
+def test_partials_stream_the_words_two_re_decodes_agree_on() -> None:
+    """Each partial re-decodes the whole turn: the words two consecutive partials agree on (case and punctuation
+    aside, the newest one's last word never) go out as deltas while the user talks, even when a re-decode
+    changed an already-sent word ("what" -> "What"); a partial's unstable tail ("cap?") never does, and nothing
+    is sent twice (LiveKit's GPT-Live client ends the user's speech after 0.8 s without a delta)."""
+    s = opened()
+    s.receive_asr(c.SpeechStarted(1, 0))
+    for text in ("what is", "What is the cap?", "What is the capital of", "what is the capital of France"):
+        s.receive_asr(c.TranscriptPartial(1, text))
+    deltas = [e["delta"] for e in drain(s)[0] if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    assert deltas == ["What is", " the", " capital of"], deltas
+    s.receive_asr(c.SpeechStopped(1, 2000))
+    s.receive_asr(c.Committed(1, "vad", 2000))
+    s.receive_asr(c.TranscriptFinal(1, "What is the capital of France?", False, 0.0, 0.0, 2000))
+    done = next(e for e in drain(s)[0] if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert done["transcript"] == "What is the capital of France?"
+
+
 def test_the_thinker_hears_each_next_prompt_ahead() -> None:
     """Prefill hints (``cmd.PrefillHint``): while the user speaks, the answer's prompt as far as it is heard
     (the conversation and the words so far); after an answer, the next one's start (the conversation and an
