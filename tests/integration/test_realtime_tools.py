@@ -101,11 +101,8 @@ async def test_tool_errors_and_refused_fields(live_server):
         bad_schema = {**WEATHER, "parameters": {"type": "object", "properties": {"city": {"type": "strng"}}}}
         cases = [
             ({"type": "session.update", "session": {"type": "realtime", "tools": [bad_schema]}}, "session.tools[0].parameters"),
-            ({"type": "session.update", "session": {"type": "realtime", "tool_choice": {"type": "function"}}},
+            ({"type": "session.update", "session": {"type": "realtime", "tool_choice": {"type": "function", "name": "nope"}}},
              "session.tool_choice"),
-            # a response states its tools and choice at once (a session's choice may precede its tools)
-            ({"type": "response.create", "response": {"tool_choice": {"type": "function", "name": "nope"}}},
-             "response.tool_choice"),
             ({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "call_unknown", "output": "{}"}},
              "item.call_id"),
             ({"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": "nobody"}}}}, "session.audio.output.voice"),

@@ -77,16 +77,15 @@ def _validate_schema(schema: Any, where: str) -> None:
 
 
 def parse_tool_choice(choice: Any, tools: list[dict] | None, field_name: str = "tool_choice", *,
-                      check_tools: bool = True) -> ToolChoice:
-    """Normalise ``tool_choice``. With ``check_tools`` a forced choice must be satisfiable by ``tools`` ('required'
-    needs one, a named function must be one of them): a request states both at once. A session's settings
-    arrive in pieces instead (LiveKit's realtime plugin sends its ``tool_choice`` in one ``session.update`` and
-    its tools in the next, as OpenAI accepts), so a session-level choice is checked for its shape only and
-    each request resolves it against the tools it then has (``applicable_tool_choice``)."""
+                      required_needs_tools: bool = True) -> ToolChoice:
+    """Normalise ``tool_choice``; a named function must be one of ``tools``. 'required' needs a tool unless
+    ``required_needs_tools`` is False: a session's settings may arrive in pieces (LiveKit's realtime plugin sends
+    its ``tool_choice`` in one ``session.update`` and its tools in the next), so a session's 'required' waits for
+    its tools, and each request resolves it against the tools it then has (``applicable_tool_choice``)."""
     if choice is None:
         return "auto"
     if choice in ("auto", "none", "required"):
-        if check_tools and choice == "required" and not tools:
+        if required_needs_tools and choice == "required" and not tools:
             raise ValueError(f"{field_name} 'required' needs at least one tool in 'tools'")
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function":
@@ -94,23 +93,17 @@ def parse_tool_choice(choice: Any, tools: list[dict] | None, field_name: str = "
         if name is None and isinstance(choice.get("function"), dict):  # the chat-completions shape
             name = choice["function"].get("name")
         names = [t["name"] for t in tools or ()]
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{field_name}.name must name a function")
-        if check_tools and name not in names:
+        if name not in names:
             raise ValueError(f"{field_name}.name {name!r} is not one of the tools ({', '.join(names) or 'none'})")
         return {"type": "function", "name": name}
     raise ValueError(f"{field_name} must be 'auto', 'none', 'required' or {{'type': 'function', 'name': ...}}")
 
 
 def applicable_tool_choice(choice: ToolChoice, tools: list[dict] | None) -> ToolChoice | None:
-    """The choice one request runs under, from a session-level ``choice`` (shape-checked only) and the tools the
-    session holds now: None (offer no tools) when there are none or the choice is 'none'; a named function that
-    is not among them (the client removed it, or has not sent it yet) cannot be forced, so the request runs
-    under 'auto' over the tools it has; otherwise the choice itself."""
+    """The choice one request runs under, from a session's ``choice`` and the tools it holds now: None (offer no
+    tools: a plain answer) when there are none or the choice is 'none', else the choice itself."""
     if not tools or choice == "none":
         return None
-    if isinstance(choice, dict) and choice.get("name") not in {t.get("name") for t in tools}:
-        return "auto"
     return choice
 
 
