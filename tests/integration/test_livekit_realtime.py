@@ -81,11 +81,16 @@ class LiveKitClient:
         self.model = RealtimeModel(base_url=f"{server.http_url}/v1", api_key="unused", http_session=self.http, **model_options)
         self.session = self.model.session()
         self.events: list[dict] = []
+        self.arrived: dict[str, float] = {}  # the first arrival of each server event type
         self.errors: list = []
         self.generations: list[Generation] = []
-        self.session.on("openai_server_event_received", self.events.append)
+        self.session.on("openai_server_event_received", self._received)
         self.session.on("error", self.errors.append)
         self.session.on("generation_created", lambda ev: self.generations.append(Generation(ev)))
+
+    def _received(self, event: dict) -> None:
+        self.events.append(event)
+        self.arrived.setdefault(event.get("type", ""), time.perf_counter())
 
     async def push_realtime(self, pcm: bytes, speech_end_byte: int | None = None) -> float | None:
         """Push 20 ms microphone frames at their real-time instants; returns when the speech (up to
@@ -123,13 +128,15 @@ def busy_limit(quiet_ms: float, busy_ms: float) -> tuple[float, bool]:
 
 
 async def test_livekit_default_settings_answer_a_spoken_question_promptly(live_server):
-    """LiveKit's defaults (``semantic_vad``, its transcription, voice ``marin``) and a microphone streaming in real
-    time: a question shaped the way its default eagerness used to wait the full 4 s on ("Could you tell me what
-    X is?") is answered, first audio within 1 s of the speaker stopping (3 s on a loaded machine)."""
+    """LiveKit's defaults (``semantic_vad`` at eagerness ``medium``, its transcription, voice ``marin``) and a
+    microphone streaming in real time: a question of the shape that used to wait the full 4 s under ``medium``
+    ("Could you tell me what X is?") is answered about 1 s after the speaker stops (the turn rule's unsure end,
+    docs/tuning-cpu.md "Turn detection"; the answer itself follows within ~50 ms). Bound: 1.5 s, 3 s on a loaded
+    machine."""
     speech = spoken("Could you tell me what the capital of Italy is?")
     lead, tail = np.zeros(RATE * 3 // 10, np.float32), np.zeros(RATE * 3, np.float32)
     pcm = float_to_pcm16(np.concatenate([lead, speech, tail]))
-    limit_ms, busy = busy_limit(1000, 3000)
+    limit_ms, busy = busy_limit(1500, 3000)
     client = LiveKitClient(live_server)
     try:
         await client.wait_for(lambda: "session.updated" in client.server_types(), 60, "session.updated")
@@ -140,8 +147,11 @@ async def test_livekit_default_settings_answer_a_spoken_question_promptly(live_s
         gen = client.generations[0]
         await asyncio.wait_for(gen.done, 90)
         v2v_ms = (gen.first_audio - t_end) * 1000
+        marks = {k: round((client.arrived[k] - t_end) * 1000) for k in (
+            "input_audio_buffer.speech_stopped", "input_audio_buffer.committed", "response.created",
+            "response.output_audio.delta") if k in client.arrived}
         print(f"\nLiveKit RealtimeModel defaults: first answer audio {v2v_ms:.0f} ms after the speaker stopped "
-              f"(limit {limit_ms}, busy={busy}); answer {gen.text!r}")
+              f"(limit {limit_ms}, busy={busy}); events after it (ms) {marks}; answer {gen.text!r}")
         assert v2v_ms <= limit_ms, (v2v_ms, client.server_types()[:30])
         assert len(gen.audio) > RATE, len(gen.audio)  # at least half a second of the answer reached the client
         assert len(client.generations) == 1, [g.text for g in client.generations]  # one answer for one question
