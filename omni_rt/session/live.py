@@ -41,6 +41,7 @@ from omni_rt.realtime.events import event_id_of, new_id, parse_client_message
 from omni_rt.realtime.fields import known_keys
 from omni_rt.realtime.live_config import SESSION_LIFETIME_S, LiveConfig, core_item, parse_delegation
 from omni_rt.realtime.session_config import SessionConfig
+from omni_rt.session.turn import transcript_extension
 
 log = logging.getLogger("omni_rt.live")
 
@@ -459,13 +460,7 @@ class LiveSession:
     def _input_final(self, text: str) -> None:
         """The turn's final transcript: what the partials did not send yet. A final that re-decoded the start
         differently cannot take back what was sent: its words past those sent follow."""
-        sent, self._in_sent = self._in_sent, ""
-        if text.startswith(sent):
-            rest = text[len(sent):]
-        else:
-            words = text.split()[len(sent.split()):]
-            rest = (" " if sent else "") + " ".join(words) if words else ""
-        self._in_sent = ""
+        rest, self._in_sent = transcript_extension(self._in_sent, text), ""
         if rest.strip():
             self._input_text(rest)
         self._in_sent = ""

@@ -17,6 +17,7 @@ from omni_rt.audio.formats import OutputEncoder
 from omni_rt.audio.pcm import pcm16_to_float
 from omni_rt.contracts import payloads as c
 from omni_rt.engine.prompt.answer_policy import response_answer_policy
+from omni_rt.engine.tools.schema import applicable_tool_choice
 from omni_rt.realtime.errors import ProtocolError, error_event, failure_message
 from omni_rt.realtime.events import new_id
 from omni_rt.realtime.session_config import SessionConfig
@@ -120,9 +121,10 @@ class ResponseLifecycle:
         policy = response_answer_policy(cfg.max_output_tokens)
         if policy is not None:  # the client asked for this many tokens: no sentence/word limit (cut at a boundary)
             payload["answer_policy"] = policy
-        if cfg.tools and cfg.tool_choice != "none":
+        choice = applicable_tool_choice(cfg.tool_choice, cfg.tools)
+        if choice is not None:
             payload["tools"] = [dict(t) for t in cfg.tools]
-            payload["tool_choice"] = cfg.tool_choice
+            payload["tool_choice"] = choice
             if cfg.parallel_tool_calls is not None:
                 payload["parallel_tool_calls"] = cfg.parallel_tool_calls
             if "audio" in cfg.output_modalities and preamble_mode(self.tool_preamble, cfg.instructions) == "auto":

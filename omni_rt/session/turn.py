@@ -21,11 +21,43 @@ MAX_TRACKED_TURNS = 64  # turns whose transcript is still awaited; older ones ar
 MAX_PENDING_COMMITS = 64
 
 
+def transcript_extension(sent: str, text: str) -> str:
+    """What of ``text`` (a transcript of the whole turn, re-decoded) goes out after ``sent`` (the deltas already
+    sent, which cannot be taken back): its continuation when it extends ``sent``; when the re-decode changed the
+    start, the words past as many as were sent."""
+    if text.startswith(sent):
+        return text[len(sent):]
+    words = text.split()[len(sent.split()):]
+    return ((" " if sent else "") + " ".join(words)) if words else ""
+
+
+def _word(w: str) -> str:
+    return w.lower().strip(".,;:!?\"'")
+
+
+def stable_partial_words(previous: str, current: str) -> list[str]:
+    """The words of ``current`` (the newest partial) that ``previous`` (the one before) agrees on, from the
+    start, case and punctuation aside; the newest one's last word never (the audio may end inside it). Two
+    consecutive re-decodes agreeing is the usual test that a streamed word will not change (local agreement):
+    a word sent as a delta cannot be taken back, and a partial's tail ("the cap?" of "the capital of France")
+    is often wrong. Streaming these words while the user talks, instead of only what literally extends the
+    text sent, keeps deltas coming (a client may read a pause in them as the end of the user's speech:
+    LiveKit's GPT-Live client does after 0.8 s)."""
+    prev, cur = previous.split(), current.split()
+    n = 0
+    for a, b in zip(prev, cur[:-1]):
+        if _word(a) != _word(b):
+            break
+        n += 1
+    return cur[:n]
+
+
 @dataclass
 class Turn:
     number: int
     item_id: str
     partial_sent: str = ""  # the partial transcript already sent as deltas
+    partial_last: str = ""  # the newest partial (the next one is compared with it: stable_partial_words)
     committed: bool = False
     end_at: float | None = None  # perf_counter of the end-of-turn decision (speech_stopped or commit)
     held: Response | None = None  # answer prepared from the speculative transcript

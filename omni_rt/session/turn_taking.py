@@ -15,7 +15,7 @@ from omni_rt.realtime.session_config import SessionConfig
 from omni_rt.session import commands as cmd
 from omni_rt.session.conversation import Conversation, Item
 from omni_rt.session.response_lifecycle import ResponseLifecycle
-from omni_rt.session.turn import Turn, TurnTracker
+from omni_rt.session.turn import Turn, TurnTracker, stable_partial_words
 
 
 class TurnTaking:
@@ -111,15 +111,19 @@ class TurnTaking:
         self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.render()})
 
     def _on_partial(self, ev: c.TranscriptPartial) -> None:
-        """Partials re-decode the whole turn so far: send only what extends the text already sent. The words
-        so far also go to the thinker, whose prompt for this turn's answer begins with them (a prefill hint)."""
+        """Partials re-decode the whole turn so far: send the words two consecutive partials agree on past
+        those already sent (``stable_partial_words``); the final transcript completes the turn. The words so far also go to the thinker, whose prompt for this turn's answer
+        begins with them (a prefill hint)."""
         turn, cfg = self.turns.peek(ev.turn), self._config()
         if turn is not None and cfg.answers_turns and ev.text.strip():
             self.responses.hint_next_prompt(cfg, ev.text.strip())
         if turn is None or (cfg.transcription is None and cfg.session_type != "transcription"):
             return
-        if ev.text.startswith(turn.partial_sent) and len(ev.text) > len(turn.partial_sent):
-            delta, turn.partial_sent = ev.text[len(turn.partial_sent):], ev.text
+        stable, turn.partial_last = stable_partial_words(turn.partial_last, ev.text), ev.text
+        new_words = stable[len(turn.partial_sent.split()):]
+        if new_words:
+            delta = (" " if turn.partial_sent else "") + " ".join(new_words)
+            turn.partial_sent += delta
             self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": turn.item_id,
                        "content_index": 0, "delta": delta})
 

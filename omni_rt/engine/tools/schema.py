@@ -76,12 +76,16 @@ def _validate_schema(schema: Any, where: str) -> None:
         raise ValueError(f"{where} cannot be used for constrained decoding: {err}")
 
 
-def parse_tool_choice(choice: Any, tools: list[dict] | None, field_name: str = "tool_choice") -> ToolChoice:
-    """Normalise ``tool_choice``; a named function must be one of ``tools``."""
+def parse_tool_choice(choice: Any, tools: list[dict] | None, field_name: str = "tool_choice", *,
+                      required_needs_tools: bool = True) -> ToolChoice:
+    """Normalise ``tool_choice``; a named function must be one of ``tools``. 'required' needs a tool unless
+    ``required_needs_tools`` is False: a session's settings may arrive in pieces (LiveKit's realtime plugin sends
+    its ``tool_choice`` in one ``session.update`` and its tools in the next), so a session's 'required' waits for
+    its tools, and each request resolves it against the tools it then has (``applicable_tool_choice``)."""
     if choice is None:
         return "auto"
     if choice in ("auto", "none", "required"):
-        if choice == "required" and not tools:
+        if required_needs_tools and choice == "required" and not tools:
             raise ValueError(f"{field_name} 'required' needs at least one tool in 'tools'")
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function":
@@ -93,6 +97,14 @@ def parse_tool_choice(choice: Any, tools: list[dict] | None, field_name: str = "
             raise ValueError(f"{field_name}.name {name!r} is not one of the tools ({', '.join(names) or 'none'})")
         return {"type": "function", "name": name}
     raise ValueError(f"{field_name} must be 'auto', 'none', 'required' or {{'type': 'function', 'name': ...}}")
+
+
+def applicable_tool_choice(choice: ToolChoice, tools: list[dict] | None) -> ToolChoice | None:
+    """The choice one request runs under, from a session's ``choice`` and the tools it holds now: None (offer no
+    tools: a plain answer) when there are none or the choice is 'none', else the choice itself."""
+    if not tools or choice == "none":
+        return None
+    return choice
 
 
 def check_message(m: Any, i: int) -> dict[str, Any]:

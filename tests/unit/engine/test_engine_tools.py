@@ -20,7 +20,7 @@ from tiny_models import build_tiny_model
 from omni_rt.testing.stage_driver import collect, send, wait_until
 from omni_rt.engine.tools.parser import ToolCallParser
 from omni_rt.engine.tools.prompt import detect_format, render_prompt
-from omni_rt.engine.tools.schema import answered_tools, callable_tools, parse_tool_choice, validate_tools
+from omni_rt.engine.tools.schema import answered_tools, applicable_tool_choice, callable_tools, parse_tool_choice, validate_tools
 from omni_rt.contracts.payloads import TextDelta, ToolCallDelta, ToolCallDone, text_of
 from omni_rt.engine.tools.preamble import ToolPreamble, parse_preamble_mode, phrase_for
 
@@ -143,7 +143,12 @@ def test_validate_tools_accepts_good_tools_and_tool_choice():
         parse_tool_choice({"type": "function", "name": "nope"}, [WEATHER])
     with pytest.raises(ValueError, match="required"):
         parse_tool_choice("required", None)
-
+    # a session's settings come in pieces: its 'required' may precede its tools, each request resolves it
+    assert parse_tool_choice("required", None, required_needs_tools=False) == "required"
+    with pytest.raises(ValueError, match=r"tool_choice\.name 'later'"):
+        parse_tool_choice({"type": "function", "name": "later"}, [], required_needs_tools=False)
+    assert applicable_tool_choice("required", []) is None and applicable_tool_choice("none", [WEATHER]) is None
+    assert applicable_tool_choice("required", [WEATHER]) == "required"
 
 def test_bad_tools_fail_only_that_request(smol):
     send(smol, "bad", {"messages": ASK, "tools": [{"type": "function", "name": "f", "parameters": {"type": "x"}}]})

@@ -165,6 +165,34 @@ def test_parallel_tool_calls_become_function_call_items() -> None:
     assert [m["role"] for m in msgs[-3:]] == ["assistant", "tool", "tool"] and len(msgs[-3]["tool_calls"]) == 2
 
 
+def test_session_tool_choice_may_come_before_its_tools() -> None:
+    """LiveKit's realtime plugin sends ``tool_choice: required`` in its first session.update and its tools in the
+    next: the first is accepted (echoed), and every response resolves the choice against the tools it then has."""
+    s = opened()
+    s.receive_event({"type": "session.update", "event_id": "tc", "session": {"type": "realtime", "tool_choice": "required"}})
+    events, _ = drain(s)
+    assert not [e for e in events if e["type"] == "error"], events
+    assert next(e for e in events if e["type"] == "session.updated")["session"]["tool_choice"] == "required"
+    s.receive_event({"type": "response.create"})  # no tools yet: a plain answer
+    start = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse))
+    assert "tools" not in start.payload and "tool_choice" not in start.payload
+    s.receive_event({"type": "response.cancel"})
+    s.receive_result(start.response_id, {"prompt_tokens": 1, "completion_tokens": 0})
+    drain(s)
+    tool = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    s.receive_event({"type": "session.update", "session": {"type": "realtime", "tools": [tool]}})
+    s.receive_event({"type": "response.create"})
+    start = next(x for x in drain(s)[1] if isinstance(x, cmd.StartResponse))
+    assert start.payload["tools"][0]["name"] == "get_time" and start.payload["tool_choice"] == "required"
+    s.receive_event({"type": "response.cancel"})
+    s.receive_result(start.response_id, {"prompt_tokens": 1, "completion_tokens": 0})
+    drain(s)
+    # a response states its tools and choice at once: there the choice must fit them
+    s.receive_event({"type": "response.create", "event_id": "bad", "response": {"tools": [], "tool_choice": "required"}})
+    err = next(e for e in drain(s)[0] if e["type"] == "error")
+    assert err["error"]["param"] == "response.tool_choice" and err["error"]["event_id"] == "bad", err
+
+
 def test_function_call_only_response_event_sequence() -> None:
     """The GA sequence of a response that only calls a tool, and of one that speaks after a call: the message
     item is announced with its first text, at the output index after the call."""
@@ -286,6 +314,24 @@ def test_a_setting_the_stage_refuses_keeps_the_old_one() -> None:
     s.receive_event(SEMANTIC)  # asked again: sent again (the stage still holds server_vad)
     assert [x for x in s.commands() if isinstance(x, cmd.UpdateAudioIn)]
 
+
+
+def test_partials_stream_the_words_two_re_decodes_agree_on() -> None:
+    """Each partial re-decodes the whole turn: the words two consecutive partials agree on (case and punctuation
+    aside, the newest one's last word never) go out as deltas while the user talks, even when a re-decode
+    changed an already-sent word ("what" -> "What"); a partial's unstable tail ("cap?") never does, and nothing
+    is sent twice (LiveKit's GPT-Live client ends the user's speech after 0.8 s without a delta)."""
+    s = opened()
+    s.receive_asr(c.SpeechStarted(1, 0))
+    for text in ("what is", "What is the cap?", "What is the capital of", "what is the capital of France"):
+        s.receive_asr(c.TranscriptPartial(1, text))
+    deltas = [e["delta"] for e in drain(s)[0] if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    assert deltas == ["What is", " the", " capital of"], deltas
+    s.receive_asr(c.SpeechStopped(1, 2000))
+    s.receive_asr(c.Committed(1, "vad", 2000))
+    s.receive_asr(c.TranscriptFinal(1, "What is the capital of France?", False, 0.0, 0.0, 2000))
+    done = next(e for e in drain(s)[0] if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert done["transcript"] == "What is the capital of France?"
 
 
 def test_the_thinker_hears_each_next_prompt_ahead() -> None:
