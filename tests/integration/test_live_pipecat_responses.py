@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from pipecat_helpers import run_pipeline
 from rt_helpers import heard, speech_with_silence
 
 from omni_rt.audio.pcm import float_to_pcm16
@@ -110,33 +111,25 @@ class Call:
     async def run(self, pcm: bytes, until, timeout: float = 90) -> None:
         """The context, 1.5 s, the question in real time, then the microphone's silence until ``until()``; the
         pipeline's ``EndFrame`` closes the session."""
-        from pipecat.frames.frames import EndFrame, ErrorFrame, InputAudioRawFrame, LLMContextFrame
-        from pipecat.workers.runner import WorkerRunner
+        from pipecat.frames.frames import ErrorFrame, InputAudioRawFrame, LLMContextFrame
 
         async def drive():
-            try:
-                await asyncio.wait_for(self.started.wait(), timeout=30)
-                await self.worker.queue_frame(LLMContextFrame(self.context))
-                await asyncio.sleep(1.5)
-                t0, k = time.perf_counter(), 0
-                while time.perf_counter() - t0 < timeout:
-                    chunk = pcm[k * CHUNK:(k + 1) * CHUNK] or b"\x00" * CHUNK
-                    await asyncio.sleep(max(0.0, t0 + k * 0.04 - time.perf_counter()))
-                    await self.worker.queue_frame(InputAudioRawFrame(audio=chunk, sample_rate=24000, num_channels=1))
-                    k += 1
-                    if k * CHUNK >= len(pcm) and not self.end:
-                        self.end = time.perf_counter()
-                    assert not self.of(ErrorFrame), self.of(ErrorFrame)
-                    if self.end and until():
-                        return
-                raise AssertionError(f"not done within {timeout} s: delegations {self.delegations}, said {self.said()!r}")
-            finally:
-                await self.worker.queue_frame(EndFrame())
+            await self.worker.queue_frame(LLMContextFrame(self.context))
+            await asyncio.sleep(1.5)
+            t0, k = time.perf_counter(), 0
+            while time.perf_counter() - t0 < timeout:
+                chunk = pcm[k * CHUNK:(k + 1) * CHUNK] or b"\x00" * CHUNK
+                await asyncio.sleep(max(0.0, t0 + k * 0.04 - time.perf_counter()))
+                await self.worker.queue_frame(InputAudioRawFrame(audio=chunk, sample_rate=24000, num_channels=1))
+                k += 1
+                if k * CHUNK >= len(pcm) and not self.end:
+                    self.end = time.perf_counter()
+                assert not self.of(ErrorFrame), self.of(ErrorFrame)
+                if self.end and until():
+                    return
+            raise AssertionError(f"not done within {timeout} s: delegations {self.delegations}, said {self.said()!r}")
 
-        runner = WorkerRunner()
-        await runner.add_workers(self.worker)
-        async with asyncio.timeout(timeout + 60):
-            await asyncio.gather(runner.run(), drive())
+        await run_pipeline(self.worker, self.started, drive, timeout + 10)
         assert not self.of(ErrorFrame), self.of(ErrorFrame)
 
     def first_voiced(self, since: float) -> float:

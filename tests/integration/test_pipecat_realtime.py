@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from pipecat_helpers import run_pipeline
 from rt_helpers import heard, speech_with_silence
 
 from omni_rt.audio.pcm import float_to_pcm16
@@ -107,7 +108,8 @@ class Harness:
             self.no_error()
             if sent_end and until():
                 return sent_end
-        raise AssertionError(f"not done within {timeout} s: {[type(f).__name__ for _, f in self.seen[-30:]]}")
+        shown = [type(f).__name__ for _, f in self.seen if not isinstance(f, InputAudioRawFrame)]
+        raise AssertionError(f"not done within {timeout} s: {shown[-30:]}")
 
 
 def spoken(text: str) -> bytes:
@@ -118,22 +120,9 @@ def spoken(text: str) -> bytes:
     return float_to_pcm16(speech_with_silence(tts.synthesize(text), tts.sample_rate, lead_s=0.3, tail_s=0.3))
 
 
-async def run(h: Harness, scenario, timeout: float = 150):
+async def run(h: Harness, scenario, timeout: float = 150) -> None:
     """Run the pipeline while ``scenario`` drives it, then end it with an ``EndFrame`` (session closed)."""
-    from pipecat.frames.frames import EndFrame
-    from pipecat.workers.runner import WorkerRunner
-
-    async def drive():
-        try:
-            await asyncio.wait_for(h.started.wait(), timeout=30)
-            await scenario()
-        finally:
-            await h.worker.queue_frame(EndFrame())
-
-    runner = WorkerRunner()
-    await runner.add_workers(h.worker)
-    async with asyncio.timeout(timeout):
-        await asyncio.gather(runner.run(), drive())
+    await run_pipeline(h.worker, h.started, scenario, timeout)
 
 
 def text_of(h: Harness, kind, since: float = 0.0) -> str:
