@@ -497,7 +497,10 @@ class LiveSession:
         messages: list[dict[str, Any]] = []
         if settings.get("instructions"):
             messages.append({"role": "system", "content": settings["instructions"]})
-        messages += [{"role": role, "content": text.strip()} for role, text in self._transcript if text.strip()]
+        turns = [(role, text.strip()) for role, text in self._transcript if text.strip()]
+        while turns and turns[-1][0] == "assistant":  # the voice's preamble for this very request, played before
+            turns.pop()  # its response.done: the request ends with the user's words, as a chat backend expects
+        messages += [{"role": role, "content": text} for role, text in turns]
         if not messages or messages[-1]["role"] != "user":
             messages.append({"role": "user", "content": "(the user's request, as heard above)"})
         try:

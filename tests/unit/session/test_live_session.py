@@ -166,3 +166,27 @@ def test_events_queued_for_a_client_that_does_not_read_are_capped():
     for _ in range(50):
         live.receive_message("{bad json")
     assert live.overflow and len(live.events_to_send()) == 10
+
+
+def test_responses_request_ends_with_the_users_words_not_the_preamble():
+    """The voice's preamble for a delegation is spoken (and noted) before the response that delegates ends: the
+    backend's request leaves it out and ends with the user's words. A request ending on the voice's own words got
+    a placeholder user turn, and a small backend apologised instead of answering."""
+    clock = Clock()
+    live = LiveSession(voices=("joe",), delegation_policy="always", limits=LiveLimits(output_lead_s=0.0), clock=clock,
+                       wall=lambda: 1e9 + clock.t, responses_backend=True)
+    live.receive_message(json.dumps({"type": "session.start", "event_id": "s", "session": {"model": "gpt-live-1", "delegation": {
+        "type": "responses", "responses": {"model": "m", "instructions": "Be brief."}}}}))
+    assert [e["type"] for e in live.events_to_send()] == ["session.started"]
+    live.receive_core([{"type": "conversation.item.input_audio_transcription.completed", "transcript": "What is the capital of France?"},
+                       {"type": "response.created", "response": {"id": "r1"}},
+                       {"type": "response.output_audio_transcript.delta", "delta": "Let me check that."},
+                       core_audio(np.full(2400, 1000))])
+    for _ in range(5):  # the preamble plays
+        clock.t += 0.04
+        live.tick()
+    live.receive_core([{"type": "response.done", "response": {"id": "r1", "output": [
+        {"type": "function_call", "name": DELEGATE_TOOL, "call_id": "call_1"}]}}])
+    [job] = live.take_backend_jobs()
+    assert job.body["messages"] == [{"role": "system", "content": "Be brief."},
+                                    {"role": "user", "content": "What is the capital of France?"}]
