@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "turns": ("latency_bench.turn_taking", "turn taking: server_vad vs semantic_vad on the labelled set (V2V, false ends)"),
     "soak": ("latency_bench.soak", "heavy + bystander + dropper sessions, then one long session: fairness and memory"),
     "quality": ("latency_bench.quality", "answer quality: words, language, key facts, Whisper on the spoken answers"),
+    "language": ("latency_bench.language_bench", "answers in the voice's language under the instructions clients send"),
     "conversations": ("latency_bench.conversations", "conversations of 12-14 turns: loops, copies, language, fact recall, tool use"),
     "stages": ("latency_bench.stage_bench", "per-stage latency in-process (ASR, thinker, talker, vocoder); parts alone below"),
     "engine": ("latency_bench.engine_bench", "AR engine: tokens/s, TTFT, ms/step at 1/4/8 requests (torch, llama.cpp)"),

@@ -13,6 +13,7 @@ Two levers, both built from the preset's ``languages`` list (ISO 639-1 codes):
 from __future__ import annotations
 
 import logging
+import re
 import unicodedata
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -177,9 +178,12 @@ _STOP_WORDS: dict[str, frozenset[str]] = {
     "es": frozenset("el los las es y una del que por con para está son pero muy qué cómo dónde cuál yo tu mi".split()),
     "de": frozenset("der das ist und ein eine nicht mit von zu auf für wir ich du was wie wo warum ist sind".split()),
     "it": frozenset("il gli della è sono che di per non una come dove perché io tu mio".split()),
-    "pt": frozenset("o os as é um uma do da que não com para em como onde porque eu você".split()),
+    "pt": frozenset("o os as ao é um uma do da que não com para em como onde porque eu você".split()),
     "nl": frozenset("de het een is en niet met van op voor wat hoe waar ik jij".split()),
 }
+# elisions English does not have (its apostrophes come later in a word: "it's", "I'm", "o'clock" is "o'")
+_ELISION = re.compile(r"^(l|d|qu|c|n|j|s|dell|all|nell|sull|dall|un)'[a-zà-ÿ]")
+_ITALIAN_ELISIONS = frozenset({"dell", "all", "nell", "sull", "dall", "un"})
 _SCRIPT_LANG = {"CYRILLIC": "ru", "GREEK": "el", "CJK": "zh", "HIRAGANA": "ja", "KATAKANA": "ja", "HANGUL": "ko",
                 "ARABIC": "ar", "HEBREW": "he", "DEVANAGARI": "hi"}
 
@@ -196,8 +200,12 @@ def guess_language(text: str) -> str | None:
     letters = sum(c.isalpha() for c in text)
     if scripts and max(scripts.values()) * 2 >= letters:
         return max(scripts, key=scripts.get)
-    words = [w.strip(".,;:!?¿¡\"'()").lower() for w in text.split()]
+    words = [w.strip(".,;:!?¿¡\"'()").lower().replace("\u2019", "'") for w in text.split()]
     hits = {lang: sum(w in stop for w in words) for lang, stop in _STOP_WORDS.items()}
+    for w in words:  # an elided article or pronoun ("L'Alma", "d'avoir", "dell'arte") is French or Italian
+        m = _ELISION.match(w)
+        if m:
+            hits["it" if m.group(1) in _ITALIAN_ELISIONS else "fr"] += 1
     best = max(hits, key=hits.get)
     if hits[best] == 0:
         return None

@@ -92,6 +92,7 @@ def earlier_answers(messages: Iterable[dict[str, Any]] | None) -> list[list[str]
 
 LANGUAGE_WORDS = 4  # words an answer's language may stay unknown before it is let through
 _ENDS = ".!?\u2026\n"  # what ends an answer's sentence (after its last word)
+_APOSTROPHES = ("'", "\u2019")  # a word followed by one at the stream's end is still being written
 
 
 class RepeatGuard:
@@ -155,7 +156,7 @@ class RepeatGuard:
         writing = len(self.text)  # where the word still being written starts (none: the text's end)
         # complete words only: a word is complete once a non-word character follows it
         for m in _WORD.finditer(self.text, self._scanned):
-            if m.end() == len(self.text):
+            if m.end() == len(self.text) or self.text[m.end():] in _APOSTROPHES:  # "L'" may go on as "L'Alma"
                 writing = m.start()
                 break
             self._scanned, self._word_at = m.end(), m.start()

@@ -168,6 +168,20 @@ def test_guard_catches_an_answer_in_another_language_before_it_is_spoken():
         assert _released(RepeatGuard(4, [], ("en",)), first) == _released(None, first)
 
 
+def test_an_elided_first_word_is_heard_as_another_language():
+    """SmolLM2-135M opens some answers with a French or Italian elision ("L'Alma: Paris, France" for the capital
+    of France under a client's own instructions): the guard holds "L'" until the word is whole, and an elided
+    article is French or Italian, while English apostrophes ("It's", "L'Aquila" among English words) stay English."""
+    from omni_rt.engine.prompt.language import guess_language
+
+    assert [guess_language(t) for t in ("L'Alma: Paris", "D'avoir bonjour", "dell'arte", "Ao lado")] == ["fr", "fr", "it", "pt"]
+    assert all(guess_language(t) in (None, "en") for t in ("It's Paris.", "I'm sure.", "Let's go to L'Aquila."))
+    g = RepeatGuard(4, [], ("en",))
+    assert _released(g, ["L'", "Al", "ma", ":"]) == ["", "", "", ""] and g.reason == "language"
+    english = ["It", "'s", " the", " capital", " of"]
+    assert _released(RepeatGuard(4, [], ("en",)), english) == _released(None, english)  # nothing held longer
+
+
 def test_a_question_about_the_user_carries_their_earlier_facts_and_keeps_the_prefix():
     chat = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Hi! My name is Ana and I live in Lisbon."},
