@@ -27,3 +27,19 @@ def live_server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("server"), "--max-sessions", "8")
     yield server
     stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def responses_server(tmp_path_factory):
+    """A server that delegates every GPT-Live turn (``--live-delegation always``) to the operator's Responses
+    backend: SmolLM2 behind omni-rt's own OpenAI-compatible chat server, in this process. One per test module."""
+    from omni_rt.engine.factory import create_ar_scheduler
+    from omni_rt.engine.streamed.openai_compat_server import ServerThread, create_app
+
+    sched = create_ar_scheduler("smollm2", max_batch_size=2, default_max_tokens=40)
+    backend = ServerThread(create_app(sched, model_name="smollm2")).start(timeout=120)
+    server = start_server(tmp_path_factory.mktemp("live-responses"), "--live-delegation", "always",
+                          "--delegate", backend.base_url, "--max-sessions", "2")
+    yield server
+    stop_server(server)
+    backend.stop()

@@ -25,27 +25,6 @@ CHUNK = 1920  # 40 ms of 24 kHz PCM16
 PREAMBLE = "Let me check that."
 
 
-@pytest.fixture(scope="module")
-def backend_url():
-    from omni_rt.engine.factory import create_ar_scheduler
-    from omni_rt.engine.streamed.openai_compat_server import ServerThread, create_app
-
-    sched = create_ar_scheduler("smollm2", max_batch_size=2, default_max_tokens=40)
-    server = ServerThread(create_app(sched, model_name="smollm2")).start(timeout=120)
-    yield server.base_url
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def responses_server(tmp_path_factory, backend_url):
-    from servers import start_server, stop_server
-
-    server = start_server(tmp_path_factory.mktemp("live-pipecat-responses"), "--live-delegation", "always",
-                          "--delegate", backend_url, "--max-sessions", "2")
-    yield server
-    stop_server(server)
-
-
 class Call:
     """Pipecat's Live service in Responses delegation, run by Pipecat's own worker with a recorder each side of
     it (every frame it pushes, with its arrival time), fed a spoken question in real time."""

@@ -8,34 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
 import websockets
 from rt_helpers import pcm_chunks_b64, speech_with_silence
 from test_live_protocol import SILENCE_40MS, Live, open_live, stream_audio
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-
-
-@pytest.fixture(scope="module")
-def backend_url():
-    from omni_rt.engine.factory import create_ar_scheduler
-    from omni_rt.engine.streamed.openai_compat_server import ServerThread, create_app
-
-    sched = create_ar_scheduler("smollm2", max_batch_size=2, default_max_tokens=40)
-    server = ServerThread(create_app(sched, model_name="smollm2")).start(timeout=120)
-    yield server.base_url
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def responses_server(tmp_path_factory, backend_url):
-    from servers import start_server, stop_server
-
-    server = start_server(tmp_path_factory.mktemp("live-responses"), "--live-delegation", "always",
-                          "--delegate", backend_url, "--max-sessions", "2")
-    yield server
-    stop_server(server)
 
 
 def nested(live: Live, did: str) -> list[dict]:

@@ -159,33 +159,11 @@ async def test_livekit_gpt_live_holds_a_spoken_conversation(live_server):
     assert lk.types("session.closed") and not lk.errors, (lk.types("session.closed"), lk.errors)
 
 
-@pytest.fixture(scope="module")
-def backend_url():
-    """The operator's Responses backend: SmolLM2 behind omni-rt's OpenAI-compatible chat server."""
-    from omni_rt.engine.factory import create_ar_scheduler
-    from omni_rt.engine.streamed.openai_compat_server import ServerThread, create_app
-
-    sched = create_ar_scheduler("smollm2", max_batch_size=2, default_max_tokens=40)
-    server = ServerThread(create_app(sched, model_name="smollm2")).start(timeout=120)
-    yield server.base_url
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def delegating_server(tmp_path_factory, backend_url):
-    from servers import start_server, stop_server
-
-    server = start_server(tmp_path_factory.mktemp("livekit-live"), "--live-delegation", "always",
-                          "--delegate", backend_url, "--max-sessions", "2")
-    yield server
-    stop_server(server)
-
-
-async def test_livekit_gpt_live_client_delegation(delegating_server):
+async def test_livekit_gpt_live_client_delegation(responses_server):
     """Client delegation: the server delegates the spoken question, LiveKit raises ``delegation_created``, the
     voice says its preamble meanwhile (within 1.5 s of the question's end; 4 s on a loaded machine), the app
     answers with ``append_commentary(..., delegation_id=...)`` and the voice speaks that answer."""
-    lk = LiveKitLive(delegating_server, delegation="client")
+    lk = LiveKitLive(responses_server, delegation="client")
     try:
         await lk.start("You are a helpful voice assistant. Answer in one short sentence.")
         t_end = await lk.say("What is the capital of France?", tail_s=0.5)
@@ -221,7 +199,7 @@ async def get_weather(city: str) -> str:
     return f"In {city} it is sunny and 21 degrees."
 
 
-async def test_livekit_gpt_live_responses_delegation_runs_a_function_tool(delegating_server):
+async def test_livekit_gpt_live_responses_delegation_runs_a_function_tool(responses_server):
     """Responses delegation with a LiveKit ``@function_tool``: the server runs the request on the ``--delegate``
     backend, the backend calls the tool (``tool_choice: "required"``, as tests/integration/test_live_responses.py
     does: the 135M backend does not reliably decide to call on its own; back to ``none`` once it ran, through the
@@ -229,7 +207,7 @@ async def test_livekit_gpt_live_responses_delegation_runs_a_function_tool(delega
     ``_append_items`` (the plugin sends ``response.item.create`` + ``response.create``), and the voice speaks the
     continuation. The tool runs once."""
     WEATHER_CALLS.clear()
-    lk = LiveKitLive(delegating_server, delegation="responses",
+    lk = LiveKitLive(responses_server, delegation="responses",
                      responses_options={"model": "smollm2", "tool_choice": "required",
                                         "instructions": "Answer in one short sentence."})
     try:
