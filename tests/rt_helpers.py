@@ -56,3 +56,12 @@ HEARD_AS = {"france": ("france", "friends"), "sky": ("sky", "this guy")}
 
 def heard(word: str, transcript: str) -> bool:
     return any(w in transcript.lower() for w in HEARD_AS.get(word, (word,)))
+
+
+def spoken(text: str, rate: int = 24000) -> np.ndarray:
+    """``text`` in the CPU preset's Piper voice at ``rate`` (deterministic: VITS noise off), float32 mono."""
+    from omni_rt.audio.pcm import resample
+    from omni_rt.backends.tts_piper import PiperTTS
+
+    tts = PiperTTS(noise_scale=0.0, noise_w_scale=0.0)
+    return resample(tts.synthesize(text), tts.sample_rate, rate)

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from rt_helpers import heard
+from rt_helpers import heard, spoken
 
 pytest.importorskip("livekit.plugins.openai", reason="LiveKit's plugin comes with the test extra (scripts/install.sh --test)")
 import aiohttp  # noqa: E402
@@ -25,17 +25,11 @@ from livekit import rtc  # noqa: E402
 from livekit.agents import function_tool, llm  # noqa: E402
 from livekit.plugins.openai.realtime import GPTLiveModel  # noqa: E402
 
-from omni_rt.audio.pcm import float_to_pcm16, resample  # noqa: E402
+from omni_rt.audio.pcm import float_to_pcm16  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 RATE = 24000
 
-
-def spoken(text: str) -> np.ndarray:
-    from omni_rt.backends.tts_piper import PiperTTS
-
-    tts = PiperTTS(noise_scale=0.0, noise_w_scale=0.0)
-    return resample(tts.synthesize(text), tts.sample_rate, RATE)
 
 
 def busy_limit(quiet_ms: float, busy_ms: float) -> tuple[float, bool]:

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from rt_helpers import validate_event
+from rt_helpers import validate_event, spoken
 
 pytest.importorskip("livekit.plugins.openai", reason="LiveKit's plugin comes with the test extra (scripts/install.sh --test)")
 import aiohttp  # noqa: E402
@@ -22,18 +22,11 @@ from livekit import rtc  # noqa: E402
 from livekit.agents import function_tool, llm  # noqa: E402
 from livekit.plugins.openai.realtime import RealtimeModel  # noqa: E402
 
-from omni_rt.audio.pcm import float_to_pcm16, resample  # noqa: E402
+from omni_rt.audio.pcm import float_to_pcm16  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 RATE = 24000
 
-
-def spoken(text: str) -> np.ndarray:
-    """``text`` in the CPU preset's Piper voice at 24 kHz (deterministic: VITS noise off)."""
-    from omni_rt.backends.tts_piper import PiperTTS
-
-    tts = PiperTTS(noise_scale=0.0, noise_w_scale=0.0)
-    return resample(tts.synthesize(text), tts.sample_rate, RATE)
 
 
 class Generation:
