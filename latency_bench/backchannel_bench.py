@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import queue
 import time
@@ -35,6 +36,14 @@ BACKCHANNELS = ("Yeah.", "Yes.", "Okay.", "Right.", "Sure.", "I see.", "Uh-huh."
 INTERRUPTIONS = ("Wait.", "Stop.", "Hold on.", "Never mind.", "No, I meant Paris.", "Wait, stop. What time is it?",
                  "Actually, tell me about cats.", "Can you repeat that?", "What about tomorrow?",
                  "Sorry, I didn't catch that.", "Go back to the first part.", "Stop talking please.")
+# written with the set above and never tuned on: the rule and its constants were chosen on the set above (the
+# "tuning" half), and this half ("held-out") reports how they do on listener responses they were not chosen for
+HELD_OUT_BACKCHANNELS = ("Yep.", "Uh-huh, yeah.", "Okay, okay.", "Right, right.", "Sure, sure.", "I see, yeah.",
+                         "Ah, okay.", "Wow.", "Nice.", "Exactly.", "Oh, I see.", "Mmm.")
+HELD_OUT_INTERRUPTIONS = ("No.", "Hang on.", "Excuse me.", "That's wrong.", "Let me stop you there.", "What?",
+                          "Hold on, what about Rome?", "Sorry, one question.", "Please stop.", "No, the other one.",
+                          "Wait, I have a question.", "Can I ask something?")
+HALVES = {"tuning": (BACKCHANNELS, INTERRUPTIONS, 7), "held-out": (HELD_OUT_BACKCHANNELS, HELD_OUT_INTERRUPTIONS, 8)}
 VOICES = (("plain", 1.0, 0.0, 0.0, 0), ("fast+noise", 0.85, 0.667, 0.8, 11), ("slow+noise", 1.2, 0.667, 0.8, 23))
 
 
@@ -44,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Whisper window of the quick looks (default: the turns' own, 10 s)")
     p.add_argument("--first-look-ms", type=int, default=None,
                    help="speech heard before the first look (default: interruption.FIRST_LOOK_MS, 300)")
+    p.add_argument("--next-look-ms", type=int, default=None,
+                   help="more speech before each later look (default: interruption.NEXT_LOOK_MS)")
+    p.add_argument("--half", choices=("tuning", "held-out", "both"), default="both",
+                   help="which half of the set: the one the rule was tuned on, the held-out one, or both (default)")
     p.add_argument("--out", type=Path, default=OUT)
 
 
@@ -72,19 +85,22 @@ def cough(rng: np.random.Generator) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def clips(n_coughs: int) -> list[dict[str, Any]]:
+def clips(n_coughs: int, halves: tuple[str, ...] = ("tuning",)) -> list[dict[str, Any]]:
     from omni_rt.audio.pcm import resample
     from omni_rt.backends.tts_piper import PiperTTS
 
     out = []
-    for name, ls, ns, nw, seed in VOICES:
-        tts = PiperTTS(length_scale=ls, noise_scale=ns, noise_w_scale=nw, seed=seed)
-        for kind, texts in (("backchannel", BACKCHANNELS), ("interruption", INTERRUPTIONS)):
-            for text in texts:
-                out.append({"kind": kind, "text": text, "voice": name,
-                            "audio": resample(tts.synthesize(text), tts.sample_rate, SR).astype(np.float32)})
-    rng = np.random.default_rng(7)
-    out += [{"kind": "cough", "text": f"cough {i}", "voice": "-", "audio": cough(rng)} for i in range(n_coughs)]
+    for half in halves:
+        backchannels, interruptions, cough_seed = HALVES[half]
+        for name, ls, ns, nw, seed in VOICES:
+            tts = PiperTTS(length_scale=ls, noise_scale=ns, noise_w_scale=nw, seed=seed)
+            for kind, texts in (("backchannel", backchannels), ("interruption", interruptions)):
+                for text in texts:
+                    out.append({"half": half, "kind": kind, "text": text, "voice": name,
+                                "audio": resample(tts.synthesize(text), tts.sample_rate, SR).astype(np.float32)})
+        rng = np.random.default_rng(cough_seed)
+        out += [{"half": half, "kind": "cough", "text": f"cough {i}", "voice": "-", "audio": cough(rng)}
+                for i in range(n_coughs)]
     for c in out:  # Piper's own leading near-silence: the onset is the first loud 10 ms
         a = c["audio"]
         n = a.size // 160
@@ -140,6 +156,19 @@ def run_clip(sched: Any, sid: str, clip: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+class _HeardLog(logging.Handler):
+    """What the stage heard before it called a candidate an interruption (its debug log line carries every look's
+    text; the client event carries none): session id -> the looks' texts."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.heard: dict[str, list[str]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg.startswith("session %s: interruption after") and len(record.args) == 3:
+            self.heard[str(record.args[0])] = list(record.args[2])
+
+
 def _pct(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
 
@@ -149,44 +178,61 @@ def command(args: argparse.Namespace) -> None:
     from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.stages.asr.stage import AsrWorker
 
-    set_ = clips(args.coughs)
+    halves = ("tuning", "held-out") if args.half == "both" else (args.half,)
+    set_ = clips(args.coughs, halves)
     import omni_rt.stages.asr.stage as stage_module
 
-    if args.first_look_ms is not None:  # an ablation: the stage reads the constant at each step
+    # ablations: the stage reads these constants at each step
+    if args.first_look_ms is not None:
         stage_module.FIRST_LOOK_MS = args.first_look_ms
+    if args.next_look_ms is not None:
+        stage_module.NEXT_LOOK_MS = args.next_look_ms
     asr = FasterWhisperASR(cpu_threads=1)
     if args.brief_window_s is not None:
         asr.brief_window_s = args.brief_window_s
     sched = AsrWorker(asr, SileroVadModel())
+    heard = _HeardLog()
+    stage_log = stage_module.log
+    stage_log.setLevel(logging.DEBUG)
+    stage_log.addHandler(heard)
     sched.start()
     t_start, load0 = time.time(), _load()
     rows = []
     try:
         for i, clip in enumerate(set_):
             r = run_clip(sched, f"bc-{i}", clip)
+            if r["outcome"] == "interruption":
+                r["heard"] = " | ".join(heard.heard.get(f"bc-{i}", []))
             rows.append({k: v for k, v in clip.items() if k != "audio"} | r)
-            print(f"{clip['kind']:12} {clip['voice']:10} {clip['text']!r:34} -> {r['outcome']:12} {r['decision_ms']} ms")
+            print(f"{clip['half']:8} {clip['kind']:12} {clip['voice']:10} {clip['text']!r:34} -> {r['outcome']:12} "
+                  f"{r['decision_ms']} ms {r['heard'] or ''}")
     finally:
         sched.stop()
-    summary = {}
-    for kind in ("backchannel", "cough", "interruption"):
-        rs = [r for r in rows if r["kind"] == kind]
-        dec = [r["decision_ms"] for r in rs if r["outcome"] == "interruption"]
-        summary[kind] = {"clips": len(rs), "interrupted": sum(r["outcome"] == "interruption" for r in rs),
-                         "dropped": sum(r["outcome"] == "backchannel" for r in rs),
-                         "no_speech": sum(r["outcome"] == "no speech" for r in rs),
-                         "undecided": sum(r["outcome"] == "candidate" for r in rs),
-                         "onset_to_interruption_ms": {"p50": _pct(dec, 50), "p95": _pct(dec, 95), "max": max(dec) if dec else None},
-                         "onset_to_drop_ms": {"p50": _pct([r["decision_ms"] for r in rs if r["outcome"] == "backchannel"], 50),
-                                              "p95": _pct([r["decision_ms"] for r in rs if r["outcome"] == "backchannel"], 95)}}
+        stage_log.removeHandler(heard)
+    summary = {half: _summary([r for r in rows if r["half"] == half]) for half in halves}
     out = {"when": time.strftime("%Y-%m-%d %H:%M", time.gmtime(t_start)), "seconds": round(time.time() - t_start),
            "cpu": platform.processor() or platform.machine(), "load_avg": [load0, _load()],
            "asr": f"faster-whisper tiny.en int8, 1 thread; quick looks in a {asr.brief_window_s:g} s window",
-           "first_look_ms": stage_module.FIRST_LOOK_MS,
+           "first_look_ms": stage_module.FIRST_LOOK_MS, "next_look_ms": stage_module.NEXT_LOOK_MS,
            "summary": summary, "clips": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
     print(json.dumps(summary, indent=1))
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per class: outcomes, and onset -> decision of the clips that barged in and of those dropped."""
+    summary = {}
+    for kind in ("backchannel", "cough", "interruption"):
+        rs = [r for r in rows if r["kind"] == kind]
+        dec = [r["decision_ms"] for r in rs if r["outcome"] == "interruption"]
+        drop = [r["decision_ms"] for r in rs if r["outcome"] == "backchannel"]
+        summary[kind] = {"clips": len(rs), "interrupted": sum(r["outcome"] == "interruption" for r in rs),
+                         "dropped": len(drop), "no_speech": sum(r["outcome"] == "no speech" for r in rs),
+                         "undecided": sum(r["outcome"] == "candidate" for r in rs),
+                         "onset_to_interruption_ms": {"p50": _pct(dec, 50), "p95": _pct(dec, 95), "max": max(dec) if dec else None},
+                         "onset_to_drop_ms": {"p50": _pct(drop, 50), "p95": _pct(drop, 95)}}
+    return summary
 
 
 def _load() -> float:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = ["AnswerPlayback", "BACKCHANNEL_WORDS", "Candidate", "FIRST_LOOK_MS", "MAX_BACKCHANNEL_MS", "MAX_DECODES", "NEXT_LOOK_MS",
-           "PAUSE_MS", "Verdict", "decide", "is_backchannel_word", "words_of"]
+           "PAUSE_MS", "Verdict", "begins_backchannel_word", "decide", "is_backchannel_word", "words_of"]
 
 # the words a listener says without taking the turn, as Whisper writes them (hyphenated forms are split, so
 # "uh-huh" is "uh" + "huh"); "no" is not one: "no, I meant..." is the commonest correction
@@ -54,8 +54,11 @@ BACKCHANNEL_WORDS = frozenset({
 MAX_BACKCHANNEL_MS = 1200
 # speech heard before the first decode: the first word of "wait" / "stop" / "no" / a question is in by then
 FIRST_LOOK_MS = 300
-# while undecided and the speech goes on, the next decode once this much more has been heard
-NEXT_LOOK_MS = 150
+# while undecided and the speech goes on, the next decode once this much more has been heard since the last one
+# began: with a look taking ~100 ms, 100 starts the next one about when the last returns (150 waited ~50 ms more
+# for every interruption whose first look heard nothing yet, "Actually, ..."; 50 looked more often and heard a
+# hum as a word: docs/benchmarks/turn-taking.md)
+NEXT_LOOK_MS = 100
 # a pause this long after a short run of lexicon words ends the backchannel (the turn's own end is far later)
 PAUSE_MS = 160
 # the most decodes one candidate takes: the first look, later looks while it goes on, one at its pause
@@ -87,13 +90,19 @@ def is_backchannel_word(word: str) -> bool:
     return word in BACKCHANNEL_WORDS or _SOUNDS.fullmatch(word) is not None
 
 
+def begins_backchannel_word(word: str) -> bool:
+    """``word`` is the start of a lexicon word, as a decode cut mid-word writes it ("exact", "ye", "alr")."""
+    return any(b.startswith(word) for b in BACKCHANNEL_WORDS)
+
+
 def decide(text: str | None, speech_ms: float, paused: bool) -> Verdict:
     """The verdict on a candidate from Whisper's ``text`` of its audio so far (None: no decode back yet), how
     long its sound has lasted, and whether it has paused for ``PAUSE_MS`` with all of it decoded.
 
     While the speech goes on, the last word of the text is a word cut off by the decode, and Whisper often invents
-    one there ("Oh, okay" cut after 300 ms is heard "Oh, oak"): after a backchannel word it decides nothing until
-    more is heard. A first word that is not a backchannel word ("wait", "no", "can") decides at once."""
+    one there ("Oh, okay" cut after 300 ms is heard "Oh, oak"): after a backchannel word, or alone when it begins
+    one ("Exact" of "Exactly"), it decides nothing until more is heard. Any other first word ("wait", "no",
+    "can") decides at once."""
     if speech_ms > MAX_BACKCHANNEL_MS:
         return "interruption"
     if text is None:
@@ -101,7 +110,8 @@ def decide(text: str | None, speech_ms: float, paused: bool) -> Verdict:
     words = words_of(text)
     if len(words) > MAX_BACKCHANNEL_WORDS:
         return "interruption"
-    heard = words if paused or len(words) < 2 else words[:-1]
+    cut = not paused and words and (len(words) >= 2 or begins_backchannel_word(words[-1]))
+    heard = words[:-1] if cut else words
     if not all(is_backchannel_word(w) for w in heard):
         return "interruption"
     return "backchannel" if paused else "undecided"

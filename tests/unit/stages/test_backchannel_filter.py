@@ -90,6 +90,10 @@ def test_decide() -> None:
     assert decide("Oh, oak", 300, paused=False) == "undecided"
     assert decide("Oh, oak", 500, paused=True) == "interruption"
     assert decide("Yeah, but wait", 500, paused=False) == "interruption"
+    # a first word cut mid-way that begins a backchannel word waits for more; heard whole at the pause, it decides
+    assert decide("Exact.", 300, paused=False) == "undecided"
+    assert decide("Exact.", 500, paused=True) == "interruption"
+    assert decide("Wait", 300, paused=False) == "interruption" and decide("No", 300, paused=False) == "interruption"
 
 
 def test_answer_playback_clock() -> None:
