@@ -1,8 +1,8 @@
 """No verbatim copies of earlier answers on the built-in engine: an answer whose tokens so far are exactly an
 earlier answer of the session may not end there.
 
-The streamed engines (llama.cpp, remote) catch a copy on the text stream and fork the answer before its last
-word (``omni_rt.engine.prompt.repetition``). The built-in engine samples its own tokens, so it can steer inside
+The streamed engines (llama.cpp, remote) catch a copy on the text stream and fork the answer after its last
+word with the same tokens banned (``omni_rt.engine.prompt.repetition``). The built-in engine samples its own tokens, so it can steer inside
 the sampler instead, with nothing held and no second request: each spoken request carries its session's
 earlier answers as token ids up to the end of their last word (``copy_prefixes``), and while a slot's
 generated tokens equal one of them, the tokens that would end the answer there (sentence-ending punctuation,
@@ -20,28 +20,17 @@ from typing import Any, Iterable
 
 import torch
 
-from omni_rt.engine.prompt.repetition import words_of
+from omni_rt.engine.prompt.repetition import ending_token_ids, words_of
 
 MAX_COPIES = 8  # earlier answers guarded per request (the most recent)
 MAX_COPY_TOKENS = 64  # tokens of one earlier answer (up to its last word)
 MIN_COPY_WORDS = 3  # shorter answers ("Yes.", "Sure thing.") may come again
-_ENDING_CHARS = frozenset(".!?\u2026\n")
-
-
-def _is_ending(piece: str) -> bool:
-    """Only sentence-ending punctuation, newlines and spaces, with at least one of the first two."""
-    return bool(piece) and all(c in _ENDING_CHARS or c == " " for c in piece) and any(c in _ENDING_CHARS for c in piece)
 
 
 def ending_tokens(tokenizer: Any, vocab_size: int, eos_ids: Iterable[int]) -> torch.Tensor:
-    """[V] bool: the tokens that end an answer (every piece of only ".", "!", "?", "\u2026", newlines, and EOS)."""
+    """[V] bool: the tokens that end an answer (``repetition.ending_token_ids``)."""
     mask = torch.zeros(vocab_size, dtype=torch.bool)
-    for i in range(min(vocab_size, len(tokenizer))):
-        if _is_ending(tokenizer.decode([i])):
-            mask[i] = True
-    for i in eos_ids:
-        if 0 <= i < vocab_size:
-            mask[i] = True
+    mask[ending_token_ids(tokenizer, vocab_size, eos_ids)] = True
     return mask
 
 

@@ -126,6 +126,7 @@ class LlamaCppThinker(RemoteThinker):
         self.hinting = {"hints": 0, "prefilled_tokens": 0, "cancelled": 0, "skipped_busy_slot": 0, "skipped_busy_server": 0}
         self.logit_bias = language_logit_bias(self.tokenizer, self.languages)
         self._bans: dict[str, list[int]] = {}  # a forked answer -> the tokens its continuation may not say
+        self._endings: list[int] | None = None  # the tokens that end an answer (``_ending_ids``)
 
     @property  # type: ignore[override]
     def base_url(self) -> str:  # follows the server if a restart had to move it to another port
@@ -360,14 +361,16 @@ class LlamaCppThinker(RemoteThinker):
     forks_answers = True
 
     def fork_request(self, rid: str, req: GenRequest, prompt: list[int] | None, said: str, banned: list[str],
-                     used_tokens: int) -> GenRequest | None:
-        """An answer about to copy an earlier one, continued where the copy would end (``RepeatGuard.fork``): a
-        completion of its fitted prompt plus its text so far (the same slot: its KV holds both, so little is
-        prefilled), with the first token of each ``banned`` word after that text banned by ``logit_bias``.
+                     used_tokens: int, no_end: bool = False) -> GenRequest | None:
+        """Answer ``rid`` continued after ``said`` (``RepeatGuard.fork``): a completion of its fitted prompt plus
+        its text so far (the same slot: its KV holds both, so little is prefilled), with the first token of each
+        ``banned`` word after that text banned by ``logit_bias``; ``no_end`` (an answer that would end as an
+        earlier one's copy): one token only, with every token that would end the answer there banned
+        (``ending_token_ids``), after which the answer goes on unbanned (the next call, without ``no_end``).
 
-        Why a ban at the end rather than a retry from the start: a retry needs the whole answer held until it is
+        Why steer at the end rather than ask again from the start: a retry needs the whole answer held until it is
         known not to be a copy, which costs first-audio time on every answer that starts like an earlier one;
-        forked, the copy's first words are spoken as they come and only its last word changes."""
+        forked, the answer is spoken as it comes."""
         left = req.max_tokens - used_tokens
         if self.tokenizer is None or not prompt or left < 1:
             return None
@@ -385,12 +388,24 @@ class LlamaCppThinker(RemoteThinker):
             k = next((i for i, (a, b) in enumerate(zip(said_ids, with_word)) if a != b), len(said_ids))
             if k < len(with_word) and with_word[k] not in bans:
                 bans.append(with_word[k])
-        if not bans:
-            return None
+        if banned and not bans and not no_end:
+            return None  # nothing to steer it by: it would say the same again
+        if no_end:
+            bans += [t for t in self._ending_ids() if t not in bans]
         ids = [*prompt, *said_ids]
         self._bans[rid] = bans
         self.prompt_ids[rid] = ids  # the slot picker finds the session's slot by it
-        return dataclasses.replace(req, messages=None, prompt_ids=ids, max_tokens=left, tools=None)
+        return dataclasses.replace(req, messages=None, prompt_ids=ids, max_tokens=1 if no_end else left, tools=None)
+
+    def _ending_ids(self) -> list[int]:
+        """The tokens that end an answer, once per thinker (a scan of the vocabulary)."""
+        if self._endings is None:
+            from omni_rt.engine.prompt.repetition import ending_token_ids
+
+            eos = [i for i in (self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+                   if isinstance(i, int) and i != self.tokenizer.unk_token_id]
+            self._endings = ending_token_ids(self.tokenizer, len(self.tokenizer), eos)
+        return self._endings
 
     def _request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
         if not self._own_tool_prompt(req):

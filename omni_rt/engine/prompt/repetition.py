@@ -27,17 +27,21 @@ might have been a copy (most answers start "The ...", as most earlier ones did).
 it is complete, which is exactly when the answer policy would release it, so a verdict on a word always comes
 before anyone hears it:
 
-* a word n-gram that comes a second time ends the answer before it (the policy closes it at a sentence boundary);
+* a word n-gram that comes a second time stops the answer before its last word; an engine that can continue an
+  answer forks it there with that word banned (the built-in sampler's n-gram ban), others end it (the policy
+  closes it at a sentence boundary);
 * an answer whose first complete words are another language's ("Eu nao Ana, amigo") is asked again before
   anything of it is released, with the question primed for the voice's language (``copy_retry``);
-* an answer about to become a word-for-word copy of an earlier answer of the session: only the word that would
-  complete the copy is held, and when it does, the answer is **forked** where it would end (``RepeatGuard.fork``):
-  the engine continues it from the words already passed on with that word's token banned (``logit_bias``), so
-  "The opposite of loud is soft." a second time becomes "The opposite of loud is quiet." -- steered at its end,
-  not held from its start, and with one short continuation request (the slot's KV already holds the prompt
-  and the answer so far) instead of a whole second answer. An engine that cannot continue an answer (a generic
-  OpenAI-compatible upstream: its API has no assistant prefix) gets ``hold_copies``: the answer is held while it
-  still matches an earlier one and, once it completes the copy, asked again sampled (``copy_retry``).
+* an answer that would end as a word-for-word copy of an earlier answer of the session (its words are that
+  answer's, and a sentence end follows) may not end there: the guard stops at the end of its last word and the
+  answer is **forked** (``RepeatGuard.fork``): the engine continues it from all its words with every token that
+  would end it banned for one token (``ending_token_ids``), so "The capital of France is Paris." a second time
+  becomes "The capital of France is Paris, ..." -- the same rule as the built-in engine's (``copy_ban``), with
+  nothing held from its start and one short continuation in the same slot (its KV already holds the prompt and
+  the answer). Why not ban the copy's last word instead: that word is most often the fact ("I live in Lisbon"
+  asked again became "... in Barcelona"). An engine that cannot continue an answer (a generic OpenAI-compatible
+  upstream: its API has no assistant prefix) gets ``hold_copies``: the answer is held while it still matches an
+  earlier one and, once it completes the copy, asked again sampled (``copy_retry``).
 """
 
 from __future__ import annotations
@@ -92,6 +96,19 @@ def earlier_answers(messages: Iterable[dict[str, Any]] | None) -> list[list[str]
 
 LANGUAGE_WORDS = 4  # words an answer's language may stay unknown before it is let through
 _ENDS = ".!?\u2026\n"  # what ends an answer's sentence (after its last word)
+
+
+def is_ending(piece: str) -> bool:
+    """A token's text that would end an answer after a word: only sentence-ending punctuation, newlines and
+    spaces, with at least one of the first two."""
+    return bool(piece) and all(c in _ENDS or c == " " for c in piece) and any(c in _ENDS for c in piece)
+
+
+def ending_token_ids(tokenizer: Any, vocab_size: int, eos_ids: Iterable[int]) -> list[int]:
+    """The ids of every token that ends an answer (``is_ending``) and of end of sequence: what an answer that is
+    an earlier answer's copy so far may not say next (``copy_ban`` on the built-in engine, ``fork`` upstream)."""
+    ids = [i for i in range(min(vocab_size, len(tokenizer))) if is_ending(tokenizer.decode([i]))]
+    return ids + [i for i in eos_ids if 0 <= i < vocab_size and i not in ids]
 _APOSTROPHES = ("'", "\u2019")  # a word followed by one at the stream's end is still being written
 
 
@@ -105,10 +122,13 @@ class RepeatGuard:
     once stopped: "loop", "language" or "copy" (then ``fork()`` says where to continue and which word to ban)."""
 
     def __init__(self, n: int = 0, copies: list[list[str]] | None = None, languages: tuple[str, ...] = (),
-                 hold_copies: bool = False) -> None:
+                 hold_copies: bool = False, cap: int | None = None) -> None:
         self.n = n
         self.languages = tuple(languages)
         self.hold_copies = hold_copies
+        # the answer policy's word cap: an answer cut there ends after its cap-th word whatever follows, so a copy
+        # of an earlier answer cut there is caught at that word and forked before it (``at_cap``: the word banned)
+        self.cap = cap
         self.copies = [c for c in (copies or []) if c]
         self._reset()
 
@@ -119,9 +139,10 @@ class RepeatGuard:
         self.text = ""  # everything fed
         self.passed = 0  # chars of ``text`` passed on
         self.reason: str | None = None  # "loop" | "copy" | "language" once stopped
+        self.at_cap = False  # a "copy" stop at the word cap: ``fork()`` goes on before its last word, banning it
         self._scanned = 0  # chars of ``text`` whose complete words are counted
         self._word_at = 0  # where the last complete word starts in ``text``
-        self._copy_at: int | None = None  # where the word that made the answer's words an earlier answer's starts
+        self._copy_at: int | None = None  # where the word that made the answer's words an earlier answer's ends
 
     def _partial(self) -> str:
         tail = _WORD.findall(self.text[self._scanned :])
@@ -169,11 +190,14 @@ class RepeatGuard:
             if self.language_open and self._language() == "off":
                 return self._stop("language", m.start())
             if self.copies and any(c == self.words for c in self.copies):
+                if self.cap is not None and len(self.words) >= self.cap:  # the policy ends it here, a copy
+                    self.at_cap = True
+                    return self._stop("copy", self.passed if self.hold_copies else m.start())
                 ends = self._ends_here()
                 if ends:
-                    return self._stop("copy", self.passed if self.hold_copies else m.start())
-                if ends is None:
-                    self._copy_at = writing = m.start()  # held until the answer ends or goes on
+                    return self._stop("copy", self.passed if self.hold_copies else m.end())
+                if ends is None:  # only whitespace after it: held until the answer ends or goes on
+                    self._copy_at, writing = m.end(), m.start()
                     break
         if self.hold_copies and self.copies and self._matching_copy():
             return "", False  # may still become a copy: held
@@ -209,20 +233,21 @@ class RepeatGuard:
         return out, True
 
     def fork(self, back: int = 0) -> tuple[str, list[str]]:
-        """After a "copy" or "language" stop: (the answer's text to continue from; the words to ban there). That
+        """After a "copy", "loop" or "language" stop: (the answer's text to continue from; the words to ban there). That
         text is the text passed on less its last ``back`` characters (what the answer policy still held and
-        dropped: ``AnswerPolicy.retract``); the words are the one that came after it (with ``back`` 0 the one not
-        passed on: the copy's last word, the other language's word) and the next word of every earlier answer
-        that begins with that text, so the continuation cannot turn into another earlier answer either. The
-        guard then goes on from that text, its counts intact."""
+        dropped: ``AnswerPolicy.retract``); after a copy (``back`` 0) it is all its words, to go on from without
+        ending there (but for a copy at the word cap: the text before its last word, which is banned). The words are the one that came after it (with ``back`` 0 after a loop or another language's
+        stop: the word that repeated an n-gram, the other language's word) and the next word of every earlier answer that begins with that text, so the continuation
+        cannot turn into another earlier answer either. The guard then goes on from that text, its counts intact."""
         cut = max(0, self.passed - back)
         said, rest = self.text[:cut], self.text[cut:]
         m = _WORD.search(rest)
         self._resume(said)
-        k = len(self.words)
+        before = words_of(said)  # its last word too, which the guard still takes for one being written
+        k = len(before)
         banned = [m.group(0)] if m else []
         for c in self.copies:
-            if len(c) > k and c[:k] == self.words and c[k] not in (b.lower() for b in banned):
+            if len(c) > k and c[:k] == before and c[k] not in (b.lower() for b in banned):
                 banned.append(c[k])
         return said, banned
 
@@ -234,8 +259,8 @@ class RepeatGuard:
         self.passed = len(self.text)
 
     def finish(self) -> str:
-        """The end of the stream: the word still held is released, unless it completes an earlier answer ("copy":
-        ``fork()`` then continues before it)."""
+        """The end of the stream: the word still held is released; if it completes an earlier answer ("copy":
+        ``fork()`` then continues after it) the text after it is not."""
         if self.reason is not None:
             return ""
         for m in _WORD.finditer(self.text, self._scanned):
@@ -244,9 +269,11 @@ class RepeatGuard:
         self._scanned = len(self.text)
         if self._copy_at is not None or (self.copies and any(c == self.words for c in self.copies)):
             self.reason = "copy"
-            if not self.hold_copies:
-                self.passed = max(self.passed, self._word_at)  # the copy's last word is what was held
-            return ""
+            if self.hold_copies:
+                return ""
+            end = len(self.text.rstrip(_ENDS + " "))  # all its words: the answer goes on after the last
+            out, self.passed = self.text[self.passed : max(self.passed, end)], max(self.passed, end)
+            return out
         out, self.passed = self.text[self.passed :], len(self.text)
         return out
 

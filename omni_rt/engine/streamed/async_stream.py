@@ -26,11 +26,12 @@ from omni_rt.engine.tools.parser import ToolStream, UpstreamToolCalls
 from omni_rt.engine.tools.preamble import ToolPreamble
 from omni_rt.engine.tools.prompt import detect_format, render_prompt
 from omni_rt.contracts.payloads import TextDelta
-from omni_rt.engine.prompt.repetition import RepeatGuard, as_said, copy_retry, earlier_answers
+from omni_rt.engine.prompt.repetition import RepeatGuard, as_said, copy_retry, earlier_answers, words_of
 
 # request ids of prefill hints (``_prefill_hinted``): an engine tells a hint from an answer by it
 HINT_PREFIX = "hint:"
-# how many times one answer may be forked away from a copy of an earlier one (``RepeatGuard.fork``)
+# how many times one answer may be forked away from a copy, a loop or another language (``RepeatGuard.fork``);
+# twice that while a cut would leave it word for word an earlier answer
 MAX_FORKS = 3
 
 
@@ -116,9 +117,10 @@ class AsyncStreamScheduler(ThreadedScheduler):
     forks_answers = False  # a subclass that can continue an answer from its text with a token banned (``fork_request``)
 
     def fork_request(self, rid: str, req: GenRequest, prompt: list[int] | None, said: str, banned: list[str],
-                     used_tokens: int) -> GenRequest | None:  # pragma: no cover - only if forks_answers
+                     used_tokens: int, no_end: bool = False) -> GenRequest | None:  # pragma: no cover - only if forks_answers
         """The rest of answer ``rid`` after ``said`` (its text so far), with the first token of each of ``banned``
-        (words) not allowed; ``prompt``: its fitted prompt ids. None: it cannot be continued."""
+        (words) not allowed; ``no_end``: its next token only, which may not end the answer. ``prompt``: its fitted
+        prompt ids. None: it cannot be continued."""
         return None
 
     def prefill_hint(self, session_id: str, payload: Any) -> None:
@@ -245,11 +247,12 @@ class AsyncStreamScheduler(ThreadedScheduler):
         guarded = req.output == "text" and texts is None
         copies = earlier_answers(whole) if guarded else []
         guard = RepeatGuard(req.sampling.no_repeat_ngram_size if guarded else 0, copies,
-                            self.languages if guarded else (), hold_copies=not self.forks_answers)
+                            self.languages if guarded else (), hold_copies=not self.forks_answers,
+                            cap=policy.max_words if policy is not None else None)
         prompt = self.prompt_ids.get(rid)  # the fitted prompt: a forked answer continues it
-        leg, retried, bans, strip, forks = req, False, [], False, 0
+        leg, retried, bans, strip, forks, no_end_leg = req, False, [], False, 0, False
         try:
-            for _ in range(2 + MAX_FORKS):  # the answer, one retry, its forks: bounded
+            for _ in range(2 + 4 * MAX_FORKS):  # the answer, one retry, its forks (a copy's: two legs): bounded
                 # aclosing: leaving the loop early (the policy stopped) closes the upstream stream at once
                 async with aclosing(self.generate(rid, leg)) as stream:
                     async for d in stream:
@@ -278,6 +281,13 @@ class AsyncStreamScheduler(ThreadedScheduler):
                         usage = d.usage or usage
                         if d.finish_reason:
                             publish(calls.finish())
+                if no_end_leg and finish == "length" and guarded and guard.reason is None:
+                    # the one token after a copy's last word (not an ending) is in: the answer goes on unbanned
+                    no_end_leg = False
+                    then = self.fork_request(rid, req, prompt, guard.text, bans, chunks)
+                    if then is not None:
+                        leg, finish, strip = then, None, guard.text[-1:].isspace()
+                        continue
                 if guarded and finish not in ("policy", "repeat"):
                     held = guard.finish()
                     if held:
@@ -285,14 +295,22 @@ class AsyncStreamScheduler(ThreadedScheduler):
                 if finish == "policy" or not guarded or guard.reason is None:
                     break
                 spoken = "".join(text).strip()
-                if self.forks_answers and (guard.reason == "copy" or (guard.reason == "language" and spoken)):
-                    # a copy's last word, or a word of another language once the answer is being spoken: the answer
-                    # goes on from the text before it with that word banned (an answer not yet spoken is asked again)
-                    # from the start of what the listener has not got yet: a later sentence the policy still holds
-                    head, words = guard.fork(policy.retract() if policy is not None else 0)
+                if self.forks_answers and (guard.reason in ("copy", "loop") or (guard.reason == "language" and spoken)):
+                    # a copy may not end: it goes on after its last word, the tokens that would end it banned for
+                    # one token. A loop: it goes on without the word that would repeat an n-gram (the built-in
+                    # sampler's n-gram ban; stopping there instead left a cut answer that later turns then
+                    # reproduced). A word of another language once the answer is being spoken: the answer goes on
+                    # without it (an answer not yet spoken is asked again), from the start of what the listener
+                    # has not got yet (a later sentence the policy still holds is dropped)
+                    no_end_leg = guard.reason == "copy" and not guard.at_cap
+                    back = policy.retract() if guard.reason == "language" and policy is not None else 0
+                    head, words = guard.fork(back)
                     bans += [w for w in words if w not in bans]
                     forks += 1
-                    fork = self.fork_request(rid, req, prompt, head, bans, chunks) if forks <= MAX_FORKS else None
+                    # past the budget only when a cut here would say an earlier (cut) answer word for word again
+                    budget = MAX_FORKS if words_of(head) not in copies else 2 * MAX_FORKS
+                    fork = (self.fork_request(rid, req, prompt, head, bans, chunks, no_end=no_end_leg)
+                            if forks <= budget else None)
                     if fork is None:  # cannot fork (or the budget is spent): cut where the listener has it
                         finish = "repeat"
                         break
@@ -313,7 +331,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
                     # its prompt ids: the slot picker keeps it in the slot whose KV holds all but its last words
                     primed = render_prompt(self.tokenizer, retry.messages, retry.tools, retry.tool_choice)
                     self.prompt_ids[rid] = list(self.tokenizer(primed, add_special_tokens=False)["input_ids"])
-                leg, guard, finish = retry, RepeatGuard(guard.n, copies, hold_copies=guard.hold_copies), None
+                leg, guard, finish = retry, RepeatGuard(guard.n, copies, hold_copies=guard.hold_copies, cap=guard.cap), None
             # the upstream finished (with or without a finish_reason): close what is open, release held text
             publish(calls.finish() + (texts.chunks("", [], final=True) if texts is not None else []))
         except asyncio.CancelledError:

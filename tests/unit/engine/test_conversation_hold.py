@@ -73,6 +73,9 @@ def test_guard_stops_a_loop_before_a_4gram_comes_twice():
             break
     assert stopped and g.reason == "loop"
     assert _max_4gram("".join(out)) < 2, out
+    # an engine that can continue the answer goes on from there without the word that repeated the 4-gram
+    said, banned = g.fork()
+    assert said == "".join(out) and banned == ["konkledi"] and g.reason is None
 
 
 def _released(guard: RepeatGuard | None, deltas: list[str]) -> list[str]:
@@ -92,55 +95,67 @@ def _released(guard: RepeatGuard | None, deltas: list[str]) -> list[str]:
     return out
 
 
-def test_guard_forks_a_copy_at_its_last_word_and_holds_nothing_back():
+def test_guard_lets_a_copy_go_on_past_its_end_and_holds_nothing_back():
     earlier = earlier_answers([{"role": "user", "content": "Opposite of loud?"},
                                {"role": "assistant", "content": "The opposite of loud is soft."}])
     deltas = ["The", " opposite", " of", " loud", " is", " soft", "."]
-    # every word before the copy's last one reaches the talker exactly when it would with no guard at all
+    # every word reaches the talker exactly when it would with no guard at all; only the ending is not passed on
     assert _released(RepeatGuard(4, earlier), deltas)[:6] == _released(None, deltas)[:6]
     g = RepeatGuard(4, earlier)
-    assert "".join(g.feed(d)[0] for d in deltas) == "The opposite of loud is " and g.reason == "copy"
+    assert "".join(g.feed(d)[0] for d in deltas) == "The opposite of loud is soft" and g.reason == "copy"
+    # the fork goes on after its last word (the fact stays): the engine bans the ending for one token
     said, banned = g.fork()
-    assert (said, banned) == ("The opposite of loud is ", ["soft"])
-    # the fork goes on from there: a different last word is let through, and the guard's counts are intact
-    assert g.reason is None and "".join(g.feed(d)[0] for d in ["quiet", "."]) + g.finish() == "quiet."
-    # a copy that ends the stream without a full stop is caught at its last word too
+    assert (said, banned) == ("The opposite of loud is soft", [])
+    assert g.reason is None and "".join(g.feed(d)[0] for d in [",", " or", " quiet", "."]) + g.finish() == ", or quiet."
+    # a copy that ends the stream without a full stop is caught at its last word too, which is passed on
     g = RepeatGuard(4, earlier)
-    assert "".join(g.feed(d)[0] for d in deltas[:6]) + g.finish() == "The opposite of loud is " and g.reason == "copy"
+    assert "".join(g.feed(d)[0] for d in deltas[:6]) + g.finish() == "The opposite of loud is soft" and g.reason == "copy"
+    assert g.fork() == ("The opposite of loud is soft", [])
     # diverging from it passes everything on
     g = RepeatGuard(4, earlier)
     released = "".join(g.feed(d)[0] for d in ["The", " opposite", " of", " hot", " is", " cold", "."]) + g.finish()
     assert released == "The opposite of hot is cold." and g.reason is None
     # an answer that says an earlier (cut) answer's words and goes on is no copy: "... not a credit ." then
-    # "... not a credit card." (the last word is held only until the answer shows it goes on)
+    # "... not a credit card." (the ending is held only until the answer shows it goes on)
     cut = earlier_answers([{"role": "assistant", "content": "Your order number is not a credit ."}])
     g = RepeatGuard(4, cut)
     deltas = ["Your", " order", " number", " is", " not", " a", " credit", " card", "."]
     assert "".join(g.feed(d)[0] for d in deltas) + g.finish() == "Your order number is not a credit card."
     assert g.reason is None
     g = RepeatGuard(4, cut)
-    assert "".join(g.feed(d)[0] for d in deltas[:7] + [" ", "."]) == "Your order number is not a " and g.reason == "copy"
+    assert "".join(g.feed(d)[0] for d in deltas[:7] + [" ", "."]) == "Your order number is not a credit" and g.reason == "copy"
 
 
-def test_a_copy_is_forked_where_the_listener_has_not_heard_it_yet():
-    """A later sentence the answer policy still holds is dropped and the fork bans its first word: the change
-    comes as early as it can without retracting a word that was released."""
-    from omni_rt.engine.prompt.answer_policy import AnswerPolicy
-    from omni_rt.engine.prompt.request import parse_answer_policy
-
-    earlier = earlier_answers([{"role": "assistant", "content": "Aloha! I'm glad you're here."},
-                               {"role": "assistant", "content": "Aloha! You are on the Internet."}])
-    g, policy = RepeatGuard(4, earlier), AnswerPolicy(parse_answer_policy({"max_sentences": 2, "max_words": 35}))
-    released = ""
-    for d in ["Al", "oha", "!", " I", "'m", " glad", " you", "'re", " here", "."]:
-        passed, stop = g.feed(d)
-        released += policy.feed(passed)[0]
+def test_a_copy_cut_at_the_word_cap_changes_its_last_word():
+    """An answer the policy cuts at its word cap ends after that word whatever follows: the same cut a second time
+    would be a copy, so there the word that completes it is banned instead (the text before it goes on)."""
+    cut = earlier_answers([{"role": "assistant", "content": "Sofia, your order number is 42, and you may ."}])
+    g = RepeatGuard(4, cut, cap=9)
+    passed = ""
+    for d in ["Sofia", ",", " your", " order", " number", " is", " 42", ",", " and", " you", " may", " also"]:
+        out, stop = g.feed(d)
+        passed += out
         if stop:
             break
-    assert g.reason == "copy" and released == "Aloha!"
-    # ... and the next word of every earlier answer that starts the same way is banned there too
-    assert g.fork(policy.retract()) == ("Aloha!", ["I'm", "you"])
-    assert policy.finish("stop") == "" and g.text == "Aloha!"  # nothing of the dropped sentence is left to say
+    assert g.reason == "copy" and g.at_cap and passed == "Sofia, your order number is 42, and you "
+    assert g.fork() == ("Sofia, your order number is 42, and you ", ["may"])
+    # under the cap the same words going on are no copy
+    g = RepeatGuard(4, cut, cap=35)
+    assert "".join(g.feed(d)[0] for d in [" Sofia", ",", " your", " order", " number", " is", " 42", ",", " and", " you", " may", " also", " "])
+    assert g.reason is None
+
+
+def test_a_copy_goes_on_and_may_not_become_a_longer_earlier_answer():
+    """The copy of a short earlier answer goes on from all its words; the next word of a longer earlier answer
+    that starts the same way is banned there, so the continuation is not that answer's copy either."""
+    earlier = earlier_answers([{"role": "assistant", "content": "Hello! My name is Ana."},
+                               {"role": "assistant", "content": "Hello! My name is Ana and I live in Lisbon."}])
+    g = RepeatGuard(4, earlier)
+    for d in ["Hello", "!", " My", " name", " is", " Ana", "."]:
+        passed, stop = g.feed(d)
+        if stop:
+            break
+    assert g.reason == "copy" and g.fork() == ("Hello! My name is Ana", ["and"])
 
 
 def test_an_engine_that_cannot_fork_holds_a_copy_and_drops_it():
