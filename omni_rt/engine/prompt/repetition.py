@@ -226,6 +226,12 @@ class RepeatGuard:
             return "ok"
         return "open"
 
+    @property
+    def forks_past_end(self) -> bool:
+        """After a stop: the answer is to go on after all its words with its ending banned for one token (a copy
+        that would end there), rather than before a banned word (a loop, another language, a copy at the cap)."""
+        return self.reason == "copy" and not self.at_cap
+
     def _stop(self, reason: str, end: int) -> tuple[str, bool]:
         self.reason = reason
         out = self.text[self.passed : max(self.passed, end)]

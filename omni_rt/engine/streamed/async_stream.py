@@ -302,7 +302,7 @@ class AsyncStreamScheduler(ThreadedScheduler):
                     # reproduced). A word of another language once the answer is being spoken: the answer goes on
                     # without it (an answer not yet spoken is asked again), from the start of what the listener
                     # has not got yet (a later sentence the policy still holds is dropped)
-                    no_end_leg = guard.reason == "copy" and not guard.at_cap
+                    no_end_leg = guard.forks_past_end
                     back = policy.retract() if guard.reason == "language" and policy is not None else 0
                     head, words = guard.fork(back)
                     bans += [w for w in words if w not in bans]
