@@ -290,14 +290,20 @@ def answer_text(resp: dict[str, Any]) -> str:
     return "".join(parts).strip()
 
 
-async def run_conversation(url: str, turns: list[T], timeout: float, log: bool = True) -> list[str]:
+async def run_conversation(url: str, turns: list[T], timeout: float, log: bool = True,
+                           instructions: str | None = None) -> list[str]:
+    """The answers of one scripted conversation on a text session (``instructions``: the client's; None: the
+    preset's)."""
     import websockets
 
     answers = []
     async with websockets.connect(f"{url}/v1/realtime", max_size=None, open_timeout=60) as ws:
         chat = Chat(ws)
         await chat.until("session.created")
-        await chat.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}})
+        session: dict[str, Any] = {"type": "realtime", "output_modalities": ["text"]}
+        if instructions is not None:
+            session["instructions"] = instructions
+        await chat.send({"type": "session.update", "session": session})
         await chat.until("session.updated")
         for t in turns:
             async with asyncio.timeout(timeout):
@@ -381,13 +387,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             answers = []
             for i, conv in enumerate(convs):
                 print(f"  conversation {i + 1}/{len(convs)}", file=sys.stderr, flush=True)
-                answers.append(await run_conversation(url, conv, args.timeout))
+                answers.append(await run_conversation(url, conv, args.timeout, instructions=args.instructions))
         finally:
             if server is not None:
                 server.stop()
     scored = [score_conversation(c, a) for c, a in zip(convs, answers)]
     return {"when": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "preset": args.preset,
             "thinker": args.thinker or "the preset's", "commit": _commit(), "label": args.label,
+            "instructions": args.instructions,
             "wall_s": round(time.perf_counter() - t0, 1), "cpus": os.cpu_count(),
             "summary": summary(scored), "conversations": scored}
 
@@ -398,6 +405,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=None, help="use a running server (ws://HOST:PORT) instead of starting one")
     p.add_argument("--limit", type=int, default=None, help="the first N conversations only")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds for one turn")
+    p.add_argument("--instructions", default=None, help="the session's instructions (default: the preset's)")
     p.add_argument("--label", default="latest", help="heading of this run in the docs page (baseline, after, ...)")
     p.add_argument("--out", default=str(RESULTS / "conversations.json"))
     p.add_argument("--update-docs", action="store_true", help=f"write the table into {DOCS.relative_to(ROOT)}")

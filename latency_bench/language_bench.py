@@ -33,6 +33,7 @@ INSTRUCTIONS = [
     "You are a helpful assistant.",
     "You are a friendly assistant on a phone call. Keep your answers brief.",
     "Your knowledge cutoff is 2023-10. You are a helpful, witty, and friendly AI. Act like a human.",
+    "Be brief.",
     "",  # none: the preset's own
 ]
 QUESTIONS = [
@@ -80,7 +81,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         url = server.ws_url
     rows = []
     try:
-        for instructions in INSTRUCTIONS:
+        for instructions in args.instructions or INSTRUCTIONS:
             for i, question in enumerate(QUESTIONS):
                 answer = await ask(url, instructions, question, args.timeout)
                 rows.append({"instructions": instructions, "question": question, "half": "tuning" if i % 2 == 0 else "held_out",
@@ -107,6 +108,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="cpu")
     p.add_argument("--url", default=None, help="ws://HOST:PORT of a running server")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for one answer")
+    p.add_argument("--instructions", action="append", default=None,
+                   help="these instructions only (repeatable; '' for none) instead of every one of INSTRUCTIONS")
     p.add_argument("--log-dir", default=None)
     p.add_argument("--out", default=str(RESULTS_DIR / "language.json"))
 

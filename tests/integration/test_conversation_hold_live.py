@@ -167,3 +167,16 @@ def test_the_issues_twelve_turn_conversation_holds_and_recalls_the_name(twelve_t
 def test_the_issues_twelve_turn_conversation_recalls_the_city(twelve_turns):
     answers, rows = twelve_turns
     assert [r["right"] for r in rows if r["kind"] == "recall"][1], answers[-2:]
+
+
+def test_the_twelve_turns_under_a_clients_be_brief_stay_in_english(live_server):
+    """A client's own short instructions ("Be brief.") leave the 135M thinker less steered: the first answer
+    opened "Nossa mesaura!", the next "L'capital d'Allemagne, Paris." (asked again, the same), then ten answers
+    opened "Ooops, no." (issue #50, item 4). A Portuguese opener is caught at its first word and a retry that
+    opens in another language again is forked without that word."""
+    from latency_bench.conversations import CONVERSATIONS, run_conversation, score_conversation
+
+    turns = CONVERSATIONS[0]
+    answers = asyncio.run(run_conversation(live_server.ws_url, turns, timeout=120, log=False, instructions="Be brief."))
+    rows = score_conversation(turns, answers)
+    assert not any(r["off_language"] or r["loop"] or r["repeat"] or r["empty"] for r in rows), answers

@@ -178,7 +178,7 @@ _STOP_WORDS: dict[str, frozenset[str]] = {
     "es": frozenset("el los las es y una del que por con para está son pero muy qué cómo dónde cuál yo tu mi".split()),
     "de": frozenset("der das ist und ein eine nicht mit von zu auf für wir ich du was wie wo warum ist sind".split()),
     "it": frozenset("il gli della è sono che di per non una come dove perché io tu mio".split()),
-    "pt": frozenset("o os as ao é um uma do da que não com para em como onde porque eu você".split()),
+    "pt": frozenset("o os as ao é um uma do da que não com para em como onde porque eu você nossa nosso olá obrigado".split()),
     "nl": frozenset("de het een is en niet met van op voor wat hoe waar ik jij".split()),
 }
 # elisions English does not have (its apostrophes come later in a word: "it's", "I'm", "o'clock" is "o'")

@@ -295,7 +295,10 @@ class AsyncStreamScheduler(ThreadedScheduler):
                 if finish == "policy" or not guarded or guard.reason is None:
                     break
                 spoken = "".join(text).strip()
-                if self.forks_answers and (guard.reason in ("copy", "loop") or (guard.reason == "language" and spoken)):
+                # a retry that opens in another language again is forked too: banning its first word beats both
+                # silence and an answer the voice garbles ("L'capital d'Allemagne" asked again said the same)
+                if self.forks_answers and (guard.reason in ("copy", "loop")
+                                           or (guard.reason == "language" and (spoken or retried))):
                     # a copy may not end: it goes on after its last word, the tokens that would end it banned for
                     # one token. A loop: it goes on without the word that would repeat an n-gram (the built-in
                     # sampler's n-gram ban; stopping there instead left a cut answer that later turns then
@@ -312,6 +315,8 @@ class AsyncStreamScheduler(ThreadedScheduler):
                     fork = (self.fork_request(rid, req, prompt, head, bans, chunks, no_end=no_end_leg)
                             if forks <= budget else None)
                     if fork is None:  # cannot fork (or the budget is spent): cut where the listener has it
+                        if guard.reason == "language" and not spoken:  # nothing said yet: the answer as it came
+                            publish([TextDelta(guard.text, [])])
                         finish = "repeat"
                         break
                     self.forks += 1
@@ -323,15 +328,20 @@ class AsyncStreamScheduler(ThreadedScheduler):
                         publish([TextDelta(as_said(guard.text), [])])  # said as a repeat, not silence
                         finish = "stop"
                     break
-                # nothing of it was released: the retry starts from a clean policy; it is not held for its language
-                # (one in the wrong language beats silence, and an empty turn in the history is copied by later ones)
+                # nothing of it was released: the retry starts from a clean policy
                 policy = AnswerPolicy(req.answer_policy) if policy is not None else None
                 stopped, retried = False, True
                 if prompt is not None and retry.messages is not None and self.tokenizer is not None:
                     # its prompt ids: the slot picker keeps it in the slot whose KV holds all but its last words
                     primed = render_prompt(self.tokenizer, retry.messages, retry.tools, retry.tool_choice)
                     self.prompt_ids[rid] = list(self.tokenizer(primed, add_special_tokens=False)["input_ids"])
-                leg, guard, finish = retry, RepeatGuard(guard.n, copies, hold_copies=guard.hold_copies, cap=guard.cap), None
+                    prompt = self.prompt_ids[rid]  # a fork of the retry continues its primed prompt
+                # where the engine can fork, the retry is judged for its language as well (a fork then bans the
+                # foreign word); elsewhere it goes through as it comes: one in the wrong language beats silence,
+                # and an empty turn in the history is copied by later ones
+                languages = guard.languages if self.forks_answers else ()
+                leg, finish = retry, None
+                guard = RepeatGuard(guard.n, copies, languages, hold_copies=guard.hold_copies, cap=guard.cap)
             # the upstream finished (with or without a finish_reason): close what is open, release held text
             publish(calls.finish() + (texts.chunks("", [], final=True) if texts is not None else []))
         except asyncio.CancelledError:

@@ -195,6 +195,9 @@ def test_an_elided_first_word_is_heard_as_another_language():
     assert _released(g, ["L'", "Al", "ma", ":"]) == ["", "", "", ""] and g.reason == "language"
     english = ["It", "'s", " the", " capital", " of"]
     assert _released(RepeatGuard(4, [], ("en",)), english) == _released(None, english)  # nothing held longer
+    # a Portuguese interjection opener ("Nossa mesaura! I am Ana", under a client's "Be brief.") is caught at it
+    g = RepeatGuard(4, [], ("en",))
+    assert _released(g, ["N", "ossa", " mes", "aura", "!"]) == ["", "", ""] and g.reason == "language"  # stopped
 
 
 def test_a_question_about_the_user_carries_their_earlier_facts_and_keeps_the_prefix():
