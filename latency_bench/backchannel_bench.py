@@ -55,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="speech heard before the first look (default: interruption.FIRST_LOOK_MS, 300)")
     p.add_argument("--next-look-ms", type=int, default=None,
                    help="more speech before each later look (default: interruption.NEXT_LOOK_MS)")
+    p.add_argument("--confirm-looks", choices=("on", "off"), default=None,
+                   help="decide an interruption only once two looks agree (default: interruption.CONFIRM_LOOKS)")
     p.add_argument("--half", choices=("tuning", "held-out", "both"), default="both",
                    help="which half of the set: the one the rule was tuned on, the held-out one, or both (default)")
     p.add_argument("--out", type=Path, default=OUT)
@@ -187,6 +189,8 @@ def command(args: argparse.Namespace) -> None:
         stage_module.FIRST_LOOK_MS = args.first_look_ms
     if args.next_look_ms is not None:
         stage_module.NEXT_LOOK_MS = args.next_look_ms
+    if args.confirm_looks is not None:
+        stage_module.CONFIRM_LOOKS = args.confirm_looks == "on"
     asr = FasterWhisperASR(cpu_threads=1)
     if args.brief_window_s is not None:
         asr.brief_window_s = args.brief_window_s
@@ -214,7 +218,7 @@ def command(args: argparse.Namespace) -> None:
            "cpu": platform.processor() or platform.machine(), "load_avg": [load0, _load()],
            "asr": f"faster-whisper tiny.en int8, 1 thread; quick looks in a {asr.brief_window_s:g} s window",
            "first_look_ms": stage_module.FIRST_LOOK_MS, "next_look_ms": stage_module.NEXT_LOOK_MS,
-           "summary": summary, "clips": rows}
+           "confirm_looks": stage_module.CONFIRM_LOOKS, "summary": summary, "clips": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
     print(json.dumps(summary, indent=1))

@@ -28,10 +28,13 @@ interruption costs more than an interruption too many. Numbers: docs/benchmarks/
 Each look is a brief decode (``transcribe_brief``: at most 16 tokens, so a Whisper loop on a cut-off word stops
 early) of the candidate's audio so far, queued on the stage's decode worker like any other decode.
 
-An interruption is recognised at the first look when its first word is not a backchannel word: ``FIRST_LOOK_MS`` of
-speech (from Silero's onset) plus one decode; after a backchannel word, at the next look (``NEXT_LOOK_MS`` more)
-that hears a word outside the lexicon. A backchannel is decided at its pause (``PAUSE_MS`` after its sound ends)
-plus one decode. Each candidate decodes at most ``MAX_DECODES`` times.
+An interruption is recognised at the first look that hears a word outside the lexicon with a word after it
+("Can you", "go back"): ``FIRST_LOOK_MS`` of speech (from Silero's onset) plus one decode. A word outside the
+lexicon that is the look's last ("Wait", or "Church" for a cut "Sure, sure") is believed once two looks in a row
+heard it (``CONFIRM_LOOKS``, ``confirmed``): tiny.en reads a short word cut at a look's end wrongly far more often
+than twice the same way, and such one-look misreadings were most of the backchannels that barged in. Looks come
+every ``NEXT_LOOK_MS`` of further speech; a backchannel is decided at its pause (``PAUSE_MS`` after its sound
+ends) plus one decode. Each candidate decodes at most ``MAX_DECODES`` times.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["AnswerPlayback", "BACKCHANNEL_WORDS", "Candidate", "FIRST_LOOK_MS", "MAX_BACKCHANNEL_MS", "MAX_DECODES", "NEXT_LOOK_MS",
+__all__ = ["AnswerPlayback", "BACKCHANNEL_WORDS", "CONFIRM_LOOKS", "Candidate", "FIRST_LOOK_MS", "MAX_BACKCHANNEL_MS", "MAX_DECODES", "NEXT_LOOK_MS",
            "PAUSE_MS", "Verdict", "begins_backchannel_word", "decide", "is_backchannel_word", "words_of"]
 
 # the words a listener says without taking the turn, as Whisper writes them (hyphenated forms are split, so
@@ -52,8 +55,9 @@ BACKCHANNEL_WORDS = frozenset({
 })
 # the longest speech a backchannel is ("oh okay", "yeah, right" spoken slowly last ~1.1 s); longer is a turn
 MAX_BACKCHANNEL_MS = 1200
-# speech heard before the first decode: the first word of "wait" / "stop" / "no" / a question is in by then
-FIRST_LOOK_MS = 300
+# speech heard before the first decode: the start of "wait" / "stop" / "no" is in by then, and the look that
+# confirms it comes ``NEXT_LOOK_MS`` later (300 before looks were confirmed: docs/benchmarks/turn-taking.md)
+FIRST_LOOK_MS = 200
 # while undecided and the speech goes on, the next decode once this much more has been heard since the last one
 # began: with a look taking ~100 ms, 100 starts the next one about when the last returns (150 waited ~50 ms more
 # for every interruption whose first look heard nothing yet, "Actually, ..."; 50 looked more often and heard a
@@ -63,6 +67,8 @@ NEXT_LOOK_MS = 100
 PAUSE_MS = 160
 # the most decodes one candidate takes: the first look, later looks while it goes on, one at its pause
 MAX_DECODES = 5
+# a lone word outside the lexicon at a look's end decides only once two looks in a row heard it (``confirmed``)
+CONFIRM_LOOKS = True
 # at most this many (distinct-in-a-row) words: "yeah yeah I see okay" is still a backchannel, more is a turn
 MAX_BACKCHANNEL_WORDS = 4
 
@@ -95,14 +101,30 @@ def begins_backchannel_word(word: str) -> bool:
     return any(b.startswith(word) for b in BACKCHANNEL_WORDS)
 
 
-def decide(text: str | None, speech_ms: float, paused: bool) -> Verdict:
+def _first_other(words: list[str]) -> int | None:
+    """The index of the first word outside the lexicon."""
+    return next((i for i, w in enumerate(words) if not is_backchannel_word(w)), None)
+
+
+def confirmed(words: list[str], earlier: list[str]) -> bool:
+    """The earlier look heard the same first word outside the lexicon at the same place (or its start: the earlier
+    decode cut it): two looks of the same speech agree on what makes it an interruption."""
+    i = _first_other(words)
+    if i is None or i >= len(earlier):
+        return False
+    return earlier[i] == words[i] or (len(earlier[i]) >= 2 and words[i].startswith(earlier[i]))
+
+
+def decide(text: str | None, speech_ms: float, paused: bool, earlier: str | None = None,
+           confirm: bool = False) -> Verdict:
     """The verdict on a candidate from Whisper's ``text`` of its audio so far (None: no decode back yet), how
     long its sound has lasted, and whether it has paused for ``PAUSE_MS`` with all of it decoded.
 
     While the speech goes on, the last word of the text is a word cut off by the decode, and Whisper often invents
     one there ("Oh, okay" cut after 300 ms is heard "Oh, oak"): after a backchannel word, or alone when it begins
-    one ("Exact" of "Exactly"), it decides nothing until more is heard. Any other first word ("wait", "no",
-    "can") decides at once."""
+    one ("Exact" of "Exactly"), it decides nothing until more is heard. Any other word decides: at once with a
+    word after it ("can you"), and with ``confirm`` as the look's last word only when ``earlier`` (the look
+    before) heard it too."""
     if speech_ms > MAX_BACKCHANNEL_MS:
         return "interruption"
     if text is None:
@@ -113,6 +135,10 @@ def decide(text: str | None, speech_ms: float, paused: bool) -> Verdict:
     cut = not paused and words and (len(words) >= 2 or begins_backchannel_word(words[-1]))
     heard = words[:-1] if cut else words
     if not all(is_backchannel_word(w) for w in heard):
+        other = _first_other(words)
+        alone = other is not None and other == len(words) - 1  # no word after it to say it was heard right
+        if confirm and not paused and alone and not confirmed(words, words_of(earlier or "")):
+            return "undecided"
         return "interruption"
     return "backchannel" if paused else "undecided"
 

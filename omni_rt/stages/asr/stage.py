@@ -102,6 +102,7 @@ from omni_rt.contracts.audio_in import (
 from omni_rt.contracts.turn_detection import TurnDetectionConfig
 from omni_rt.stages.asr.decoding import DecodeJob, DecodeQueue, Transcriber
 from omni_rt.stages.asr.interruption import (
+    CONFIRM_LOOKS,
     FIRST_LOOK_MS,
     MAX_DECODES,
     NEXT_LOOK_MS,
@@ -502,7 +503,8 @@ class AsrWorker(SessionScheduler):
         covered = cand.decoded_to >= sound_end or cand.decodes >= MAX_DECODES
         # how long the sound has lasted (not the silence after it, nor the wait for a decode)
         sound_ms = cand.speech_ms(sound_end if paused else now, SAMPLE_RATE)
-        verdict = decide(cand.text, sound_ms, paused and covered and not cand.pending)
+        earlier = cand.history[-2] if len(cand.history) >= 2 else None
+        verdict = decide(cand.text, sound_ms, paused and covered and not cand.pending, earlier, CONFIRM_LOOKS)
         if verdict == "interruption":
             self._interrupt(session, st)
             return

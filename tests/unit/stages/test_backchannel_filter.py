@@ -96,6 +96,23 @@ def test_decide() -> None:
     assert decide("Wait", 300, paused=False) == "interruption" and decide("No", 300, paused=False) == "interruption"
 
 
+def test_decide_with_confirmed_looks() -> None:
+    """``confirm``: a word outside the lexicon that is the look's last decides only once the look before heard it
+    too (or its start), so one misread look ("Sure, sure" heard "Church") decides nothing; at the pause the whole
+    speech's look decides."""
+    assert decide("Church", 300, paused=False, confirm=True) == "undecided"  # a first look alone
+    assert decide("Sure, sure.", 500, paused=False, earlier="Church", confirm=True) == "undecided"
+    assert decide("Church", 500, paused=False, earlier="Sure.", confirm=True) == "undecided"  # the looks disagree
+    assert decide("Wait, stop.", 400, paused=False, earlier="Wait.", confirm=True) == "interruption"
+    assert decide("Actually, tell", 400, paused=False, earlier="Actu", confirm=True) == "interruption"  # cut before
+    assert decide("Oh, no wait", 400, paused=False, earlier="Oh, no", confirm=True) == "interruption"
+    # a word after it says the look heard it in context: decided at once ("Can you", "go back")
+    assert decide("Can you", 200, paused=False, confirm=True) == "interruption"
+    assert decide("Oh, oak", 300, paused=False, confirm=True) == "undecided"  # a cut word after a lexicon word
+    assert decide("Church", 500, paused=True, confirm=True) == "interruption"  # at the pause: its last look decides
+    assert decide("Sure, sure.", 500, paused=True, earlier="Church", confirm=True) == "backchannel"
+
+
 def test_answer_playback_clock() -> None:
     p = AnswerPlayback()
     assert not p.audible(0)
