@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -126,7 +127,6 @@ class LlamaCppThinker(RemoteThinker):
         self.hinting = {"hints": 0, "prefilled_tokens": 0, "cancelled": 0, "skipped_busy_slot": 0, "skipped_busy_server": 0}
         self.logit_bias = language_logit_bias(self.tokenizer, self.languages)
         self._bans: dict[str, list[int]] = {}  # a forked answer -> the tokens its continuation may not say
-        self._endings: list[int] | None = None  # the tokens that end an answer (``_ending_ids``)
 
     @property  # type: ignore[override]
     def base_url(self) -> str:  # follows the server if a restart had to move it to another port
@@ -391,21 +391,19 @@ class LlamaCppThinker(RemoteThinker):
         if banned and not bans and not no_end:
             return None  # nothing to steer it by: it would say the same again
         if no_end:
-            bans += [t for t in self._ending_ids() if t not in bans]
+            bans += [t for t in self._ending_ids if t not in bans]
         ids = [*prompt, *said_ids]
         self._bans[rid] = bans
         self.prompt_ids[rid] = ids  # the slot picker finds the session's slot by it
         return dataclasses.replace(req, messages=None, prompt_ids=ids, max_tokens=1 if no_end else left, tools=None)
 
+    @functools.cached_property
     def _ending_ids(self) -> list[int]:
-        """The tokens that end an answer, once per thinker (a scan of the vocabulary)."""
-        if self._endings is None:
-            from omni_rt.engine.prompt.repetition import ending_token_ids
+        """The tokens that end an answer, once per thinker (a scan of the vocabulary): ending punctuation and every
+        special token (end of text and the chat template's end of turn, whatever the model calls them)."""
+        from omni_rt.engine.prompt.repetition import ending_token_ids
 
-            eos = [i for i in (self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>"))
-                   if isinstance(i, int) and i != self.tokenizer.unk_token_id]
-            self._endings = ending_token_ids(self.tokenizer, len(self.tokenizer), eos)
-        return self._endings
+        return ending_token_ids(self.tokenizer, len(self.tokenizer), self.tokenizer.all_special_ids)
 
     def _request(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
         if not self._own_tool_prompt(req):
