@@ -1,12 +1,15 @@
 """Noise reduction (``audio.input.noise_reduction``, RNNoise): what it costs and what Whisper hears with it.
 
-Spoken questions (the CPU preset's Piper voice, two speaking rates) mixed with pink and white noise at a given
-SNR, 16 kHz as the ASR stage gets them, each heard by Whisper tiny.en three ways: clean, noisy, and noisy through
-the session's denoiser (``omni_rt.backends.denoise.StreamingDenoiser``, fed in 20 ms chunks as a client streams).
-Also: the denoiser's CPU cost per stream (real-time factor: seconds of compute per second of audio, one thread),
-its added latency (the fixed delay of its output stream, and where the speech sits in it: ``lag_ms``, which a
-unit test checks by cross-correlation), and how many turns Silero VAD (``server_vad`` defaults) starts on noise alone with and without
-it. Writes ``latency_bench/results/noise.json``; the table is in docs/benchmarks/noise.md.
+Spoken questions (the CPU preset's Piper voice, two speaking rates) mixed with four noises
+(``omni_rt.testing.noise``): pink and white noise and dish clatter over pink noise at ``--snr`` (5 dB), and a
+babble of six talkers at ``--babble-snr`` (10 dB); 16 kHz as the ASR stage gets them, each heard by Whisper
+tiny.en three ways: clean, noisy, and noisy through the session's denoiser
+(``omni_rt.backends.denoise.StreamingDenoiser``, fed in 20 ms chunks as a client streams). Also: the denoiser's
+CPU cost per stream (real-time factor: seconds of compute per second of audio, one thread), its added latency
+(the fixed delay of its output stream, and where the speech sits in it: ``lag_ms``, which a unit test checks by
+cross-correlation), and the false turn starts per minute of each noise alone, at the level it had under the
+questions (Silero VAD, ``server_vad`` defaults), with and without it. Writes ``latency_bench/results/noise.json``;
+the table is in docs/benchmarks/noise.md.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ OUT = Path(__file__).parent / "results" / "noise.json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--snr", type=float, default=5.0, help="speech-to-noise ratio in dB (default 5)")
-    p.add_argument("--noise-s", type=float, default=3.0, help="seconds of noise alone for the false-start count")
+    p.add_argument("--snr", type=float, default=5.0, help="speech-to-noise ratio of pink, white and clatter, dB (default 5)")
+    p.add_argument("--babble-snr", type=float, default=10.0, help="speech-to-babble ratio in dB (default 10)")
+    p.add_argument("--noise-s", type=float, default=60.0, help="seconds of each noise alone for the false-start count")
     p.add_argument("--out", type=Path, default=OUT)
 
 
@@ -49,22 +53,6 @@ def word_accuracy(ref: str, hyp: str) -> float:
     """Reference words matched in order (difflib), over the reference's words."""
     r, h = _norm(ref), _norm(hyp)
     return sum(b.size for b in difflib.SequenceMatcher(a=r, b=h).get_matching_blocks()) / max(len(r), 1)
-
-
-def pink_noise(n: int, rng: np.random.Generator) -> np.ndarray:
-    spec = np.fft.rfft(rng.standard_normal(n))
-    k = np.arange(spec.size, dtype=np.float64)
-    k[0] = 1.0
-    x = np.fft.irfft(spec / np.sqrt(k), n)
-    return (x / np.std(x)).astype(np.float32)
-
-
-def white_noise(n: int, rng: np.random.Generator) -> np.ndarray:
-    return rng.standard_normal(n).astype(np.float32)
-
-
-def at_snr(speech: np.ndarray, noise: np.ndarray, snr_db: float) -> np.ndarray:
-    return (noise * np.sqrt(np.mean(speech ** 2) / 10 ** (snr_db / 10) / np.mean(noise ** 2))).astype(np.float32)
 
 
 def denoise(lib: Any, x: np.ndarray, chunk: int = SR // 50, **kw: Any) -> tuple[np.ndarray, float, int]:
@@ -88,45 +76,56 @@ def vad_starts(vad_model: Any, x: np.ndarray) -> int:
 
 def command(args: argparse.Namespace) -> int:
     from omni_rt.audio.pcm import resample
-    from omni_rt.backends.denoise import load_library
+    from omni_rt.backends.denoise import StreamingDenoiser, load_library
     from omni_rt.backends.tts_piper import PiperTTS
     from omni_rt.backends.vad import SileroVadModel
     from omni_rt.backends.whisper import FasterWhisperASR
+    from omni_rt.testing import noise as N
+    from omni_rt.testing.noise import at_snr
 
     lib, asr, vad_model = load_library(), FasterWhisperASR(), SileroVadModel()
     rng = np.random.default_rng(0)
+    kinds = {"pink": (N.pink_noise, args.snr), "white": (N.white_noise, args.snr),
+             "clatter": (N.clatter, args.snr), "babble": (N.babble, args.babble_snr)}
+    # One long take of each noise; each clip hears a stretch of it from a random place.
+    bank = {name: gen(int(max(args.noise_s, 30.0) * SR), rng) for name, (gen, _) in kinds.items()}
     rows: list[dict[str, Any]] = []
+    speech_power: list[float] = []
     compute_s = audio_s = 0.0
-    from omni_rt.backends.denoise import StreamingDenoiser
-
     delay, lag_ms = 0, StreamingDenoiser(lib, SR).lag_ms
     for scale in LENGTH_SCALES:
         tts = PiperTTS(noise_scale=0.0, noise_w_scale=0.0, length_scale=scale)
         for q in QUESTIONS:
             s = resample(tts.synthesize(q), tts.sample_rate, SR).astype(np.float32)
+            speech_power.append(float(np.mean(s ** 2)))
             s = np.concatenate([np.zeros(SR // 2, np.float32), s, np.zeros(SR // 2, np.float32)])
             row: dict[str, Any] = {"question": q, "length_scale": scale, "clean": word_accuracy(q, asr.transcribe(s))}
-            for name, gen in (("pink", pink_noise), ("white", white_noise)):
-                noisy = s + at_snr(s, gen(s.size, rng), args.snr)
+            for name, (_, snr) in kinds.items():
+                off = int(rng.integers(0, bank[name].size - s.size))
+                noisy = s + at_snr(s, bank[name][off:off + s.size], snr)
                 out, el, delay = denoise(lib, noisy)
                 compute_s, audio_s = compute_s + el, audio_s + noisy.size / SR
                 hyp_noisy, hyp_den = asr.transcribe(noisy), asr.transcribe(out)
                 hyp_wet = asr.transcribe(denoise(lib, noisy, dry_mix=0.0)[0])
-                row[name] = {"noisy": word_accuracy(q, hyp_noisy), "denoised": word_accuracy(q, hyp_den),
+                row[name] = {"snr_db": snr, "noisy": word_accuracy(q, hyp_noisy), "denoised": word_accuracy(q, hyp_den),
                              "denoised_no_mix": word_accuracy(q, hyp_wet),
                              "noisy_text": hyp_noisy, "denoised_text": hyp_den, "denoised_no_mix_text": hyp_wet}
             rows.append(row)
-            print(json.dumps({k: v for k, v in row.items()}), flush=True)
+            print(json.dumps(row), flush=True)
+    # Each noise alone at the level it had under the questions (their mean speech power over its SNR).
     noise_alone = {}
-    n = int(args.noise_s * SR)
-    for name, gen in (("pink", pink_noise), ("white", white_noise)):
-        for level in (0.02, 0.1):
-            x = (level * gen(n, rng)).astype(np.float32)
-            out, _, _ = denoise(lib, x)
-            wet, _, _ = denoise(lib, x, dry_mix=0.0)
-            rms = lambda a: round(float(np.sqrt(np.mean(a[SR // 2:] ** 2))), 5)  # noqa: E731 after the first 0.5 s
-            noise_alone[f"{name} rms {level}"] = {"starts_off": vad_starts(vad_model, x), "starts_on": vad_starts(vad_model, out),
-                                                  "rms_in": rms(x), "rms_on": rms(out), "rms_on_no_mix": rms(wet)}
+    n, minutes = int(args.noise_s * SR), args.noise_s / 60
+    for name, (_, snr) in kinds.items():
+        level = float(np.sqrt(np.mean(speech_power) / 10 ** (snr / 10)))
+        x = (level * bank[name][:n]).astype(np.float32)
+        on = denoise(lib, x)[0]
+        off_starts, on_starts = vad_starts(vad_model, x), vad_starts(vad_model, on)
+        noise_alone[name] = {"snr_db": snr, "rms": round(level, 4), "seconds": args.noise_s,
+                             "starts_off": off_starts, "starts_on": on_starts,
+                             "starts_per_min_off": round(off_starts / minutes, 1),
+                             "starts_per_min_on": round(on_starts / minutes, 1),
+                             "rms_on": round(float(np.sqrt(np.mean(on[SR // 2:] ** 2))), 5)}
+        print(name, noise_alone[name], flush=True)
 
     def mean(key: str, sub: str | None = None) -> float:
         vals = [r[key] if sub is None else r[key][sub] for r in rows]
@@ -135,10 +134,10 @@ def command(args: argparse.Namespace) -> int:
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M"),
         "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
-        "snr_db": args.snr,
+        "snr_db": {name: snr for name, (_, snr) in kinds.items()},
         "clips": len(rows),
         "word_accuracy": {"clean": mean("clean"),
-                          **{f"{n}_{k}": mean(n, k) for n in ("pink", "white") for k in ("noisy", "denoised", "denoised_no_mix")}},
+                          **{f"{n}_{k}": mean(n, k) for n in kinds for k in ("noisy", "denoised", "denoised_no_mix")}},
         "rtf_per_stream": round(compute_s / audio_s, 4),
         "delay_ms_fixed": round(delay * 1000 / SR, 1),
         "speech_lag_ms": lag_ms,

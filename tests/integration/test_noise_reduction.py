@@ -1,6 +1,6 @@
 """``audio.input.noise_reduction`` end to end through a real server: accepted and echoed, a question asked at 5 dB
-SNR in pink noise heard right and answered, and 3 s of noise alone starting no turn; the same with it off, for the
-comparison (printed; run with ``-s``). The denoiser itself: tests/unit/backends/test_denoise.py."""
+SNR in pink noise heard right and answered, and 3 s of noise alone (pink, dish clatter) starting no turn; the
+same with it off, for the comparison (printed; run with ``-s``). The denoiser itself: tests/unit/backends/test_denoise.py."""
 
 from __future__ import annotations
 
@@ -15,19 +15,12 @@ from servers import start_server, stop_server
 from test_server_protocol import connect, of_type
 
 from omni_rt.audio.pcm import resample
+from omni_rt.testing.noise import clatter as clatter_noise
+from omni_rt.testing.noise import pink_noise
 
 QUESTION = "What is the capital of France?"
 RATE = 24000
 SNR_DB = 5.0
-
-
-def pink_noise(n: int, seed: int) -> np.ndarray:
-    """Unit-RMS pink (1/f power) noise."""
-    spec = np.fft.rfft(np.random.default_rng(seed).standard_normal(n))
-    k = np.arange(spec.size, dtype=np.float64)
-    k[0] = 1.0
-    x = np.fft.irfft(spec / np.sqrt(k), n)
-    return (x / np.std(x)).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +40,7 @@ def noisy_question() -> tuple[np.ndarray, float]:
     speech = resample(tts.synthesize(QUESTION), tts.sample_rate, RATE).astype(np.float32)
     rms = float(np.sqrt(np.mean(speech ** 2) / 10 ** (SNR_DB / 10)))
     clean = np.concatenate([np.zeros(RATE // 2, np.float32), speech, np.zeros(RATE * 3 // 2, np.float32)])
-    return np.clip(clean + rms * pink_noise(clean.size, seed=7), -1, 1).astype(np.float32), rms
+    return np.clip(clean + rms * pink_noise(clean.size, np.random.default_rng(7)), -1, 1).astype(np.float32), rms
 
 
 async def _stream(rt, audio: np.ndarray) -> None:
@@ -71,11 +64,11 @@ async def _ask(server, noisy: np.ndarray, nr: dict | None) -> dict:
                 "audio_end_ms": stopped[0]["audio_end_ms"] if stopped else None, "s": round(time.monotonic() - t0, 2)}
 
 
-async def _noise_alone(server, rms: float, nr: dict | None) -> list[str]:
-    """The turn events 3 s of pink noise (and 1 s to settle) start."""
+async def _noise_alone(server, noise: np.ndarray, nr: dict | None) -> list[str]:
+    """The turn events 3 s of ``noise`` start."""
     async with asyncio.timeout(60), connect(server) as rt:
         await rt.update({"audio": {"input": {"noise_reduction": nr}}})
-        await _stream(rt, rms * pink_noise(3 * RATE, seed=8))
+        await _stream(rt, noise)
         await rt.send({"type": "input_audio_buffer.clear"})
         await rt.until("input_audio_buffer.cleared")
         return [e["type"] for e in rt.events if e["type"].startswith("input_audio_buffer.speech") or e["type"] == "response.created"]
@@ -85,12 +78,17 @@ async def test_noisy_question_heard_and_noise_alone_starts_no_turn(server, noisy
     noisy, rms = noisy_question
     on = await _ask(server, noisy, {"type": "near_field"})
     off = await _ask(server, noisy, None)
-    alone_on = await _noise_alone(server, rms, {"type": "near_field"})
-    alone_off = await _noise_alone(server, rms, None)
-    print(f"\nnoise_reduction near_field: {on}; noise alone: {alone_on}\nnoise_reduction off: {off}; noise alone: {alone_off}")
+    pink = rms * pink_noise(3 * RATE, np.random.default_rng(8))
+    clatter = np.clip(rms * clatter_noise(3 * RATE, np.random.default_rng(9), RATE), -1, 1)  # dishes, a kitchen
+    alone_on = await _noise_alone(server, pink, {"type": "near_field"})
+    clatter_on = await _noise_alone(server, clatter, {"type": "near_field"})
+    alone_off = await _noise_alone(server, pink, None)
+    print(f"\nnoise_reduction near_field: {on}; noise alone: {alone_on}; clatter alone: {clatter_on}"
+          f"\nnoise_reduction off: {off}; noise alone: {alone_off}")
     assert on["status"] == "completed" and on["audio"] > 0 and on["turns"] == 1, on
     assert heard("capital", on["transcript"]) and heard("france", on["transcript"]), on
     assert "input_audio_buffer.speech_started" not in alone_on, alone_on
+    assert "input_audio_buffer.speech_started" not in clatter_on, clatter_on
     assert off["status"] == "completed", off  # off still works the same as before
 
 

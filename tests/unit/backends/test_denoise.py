@@ -15,28 +15,10 @@ from omni_rt.backends.denoise import StreamingDenoiser, load_library
 from omni_rt.contracts import payloads as c
 from omni_rt.contracts.audio_in import NOISE_REDUCTION_UNAVAILABLE, AudioInSettings, OpenAudioIn, UpdateAudioIn
 from omni_rt.pipeline.messages import IncomingMessage
+from omni_rt.testing.noise import at_snr, pink_noise, white_noise
 
 SR = 16000
 QUESTION = "What is the capital of France? Tell me about the weather in Paris."
-
-
-def pink_noise(n: int, seed: int) -> np.ndarray:
-    """Unit-RMS pink (1/f power) noise: white noise shaped by 1/sqrt(f) in the frequency domain."""
-    rng = np.random.default_rng(seed)
-    spec = np.fft.rfft(rng.standard_normal(n))
-    k = np.arange(spec.size, dtype=np.float64)
-    k[0] = 1.0
-    x = np.fft.irfft(spec / np.sqrt(k), n)
-    return (x / np.std(x)).astype(np.float32)
-
-
-def white_noise(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
-
-
-def at_snr(speech: np.ndarray, noise: np.ndarray, snr_db: float) -> np.ndarray:
-    """``noise`` scaled so that speech power / noise power over the clip is ``snr_db``."""
-    return (noise * np.sqrt(np.mean(speech ** 2) / 10 ** (snr_db / 10) / np.mean(noise ** 2))).astype(np.float32)
 
 
 def snr_db(clean: np.ndarray, out: np.ndarray, max_lag: int = 1200) -> float:
@@ -79,7 +61,7 @@ def asr():
 
 @pytest.mark.parametrize("noise", [pink_noise, white_noise])
 def test_denoiser_raises_snr_of_speech_in_noise(lib, speech, noise) -> None:
-    noisy = speech + at_snr(speech, noise(speech.size, seed=1), 5.0)
+    noisy = speech + at_snr(speech, noise(speech.size, np.random.default_rng(1)), 5.0)
     before = snr_db(speech, noisy)
     wet, mixed = snr_db(speech, denoise(lib, noisy, dry_mix=0.0)), snr_db(speech, denoise(lib, noisy))
     assert abs(before - 5.0) < 0.2
@@ -88,14 +70,14 @@ def test_denoiser_raises_snr_of_speech_in_noise(lib, speech, noise) -> None:
 
 
 def test_whisper_hears_the_denoised_question(lib, speech, asr) -> None:
-    noisy = speech + at_snr(speech, pink_noise(speech.size, seed=2), 5.0)
+    noisy = speech + at_snr(speech, pink_noise(speech.size, np.random.default_rng(2)), 5.0)
     text = asr.transcribe(denoise(lib, noisy)).lower()
     for word in ("capital", "france", "weather"):
         assert word in text, text
 
 
 def test_chunked_equals_whole_and_the_clock_holds(lib, speech) -> None:
-    noisy = speech + at_snr(speech, pink_noise(speech.size, seed=3), 5.0)
+    noisy = speech + at_snr(speech, pink_noise(speech.size, np.random.default_rng(3)), 5.0)
     whole = StreamingDenoiser(lib, SR).process(noisy)
     d = StreamingDenoiser(lib, SR)
     rng = np.random.default_rng(0)
@@ -123,7 +105,7 @@ def test_speech_sits_where_lag_ms_says(lib, speech) -> None:
 
 def test_noise_alone_comes_out_quiet(lib) -> None:
     for noise in (pink_noise, white_noise):
-        x = 0.05 * noise(3 * SR, seed=4)
+        x = 0.05 * noise(3 * SR, np.random.default_rng(4))
         rms = lambda a: float(np.sqrt(np.mean(a[SR // 2:] ** 2)))  # noqa: E731 after RNNoise's first half second
         assert rms(denoise(lib, x, dry_mix=0.0)) / rms(x) < 0.05, noise.__name__  # at least 26 dB down
         assert rms(denoise(lib, x)) / rms(x) < 0.25, noise.__name__  # the original 14 dB down, mixed back
@@ -131,7 +113,7 @@ def test_noise_alone_comes_out_quiet(lib) -> None:
 
 def test_the_denoiser_costs_little(lib, speech) -> None:
     """Far under real time for one stream (~4% of a core measured): a server runs many."""
-    noisy = speech + at_snr(speech, pink_noise(speech.size, seed=5), 5.0)
+    noisy = speech + at_snr(speech, pink_noise(speech.size, np.random.default_rng(5)), 5.0)
     t = time.perf_counter()
     denoise(lib, noisy)
     rtf = (time.perf_counter() - t) / (noisy.size / SR)
@@ -170,7 +152,7 @@ def _stage(denoiser):
 def test_stage_denoises_before_the_vad_and_refuses_without_a_denoiser(lib, speech) -> None:
     """Noise alone with noise reduction on starts no turn; the same stream's state is the session's. A server
     whose preset turned it off refuses the update by its code, and the old settings stand."""
-    noisy_alone = 0.1 * pink_noise(3 * SR, seed=6)
+    noisy_alone = 0.1 * pink_noise(3 * SR, np.random.default_rng(6))
     sched = _stage(lib)
     sched.start()
     try:
