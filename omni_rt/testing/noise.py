@@ -44,8 +44,8 @@ def white_noise(n: int, rng: np.random.Generator) -> np.ndarray:
 
 def clatter(n: int, rng: np.random.Generator, sr: int = SR, per_s: float = 3.0) -> np.ndarray:
     """Dishes and cutlery: impacts at random times (``per_s`` a second on average), each a click and a few damped
-    high resonances (1.5-7 kHz, 15-80 ms), at levels 20 dB apart, over pink noise 10 dB below the impacts'
-    peaks' average, so that the noise never falls silent between them (a kitchen, a café)."""
+    high resonances (1.5-7 kHz, 15-80 ms), at levels up to 20 dB apart, over pink noise 10 dB under the impacts'
+    RMS, so that the noise never falls silent between them (a kitchen, a café)."""
     out = np.zeros(n, np.float64)
     t = np.arange(int(0.12 * sr)) / sr
     for start in np.flatnonzero(rng.random(n) < per_s / sr):

@@ -53,8 +53,27 @@ class LiveServer:
 
 
 def start_server(tmp_dir: Path, *extra: str, env: dict | None = None, nofile: int | None = None) -> LiveServer:
-    """``nofile``: the server process's open-file limit (RLIMIT_NOFILE, soft and hard), as ``ulimit -n`` would."""
-    port = free_port()
+    """``nofile``: the server process's open-file limit (RLIMIT_NOFILE, soft and hard), as ``ulimit -n`` would.
+
+    The port is free when picked but bound only once the models are loaded; a child the server starts meanwhile
+    (llama-server picks its own free port) can take it first. Then the server exits with "address already in
+    use" and it is started again on another port (at most ``PORT_TRIES`` times)."""
+    for attempt in range(1, PORT_TRIES + 1):
+        try:
+            return _start_on(free_port(), tmp_dir, extra, env, nofile)
+        except PortTaken:
+            if attempt == PORT_TRIES:
+                raise
+
+
+PORT_TRIES = 3
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
+def _start_on(port: int, tmp_dir: Path, extra: tuple[str, ...], env: dict | None, nofile: int | None) -> LiveServer:
     log_path = tmp_dir / f"server-{port}.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(
@@ -67,7 +86,9 @@ def start_server(tmp_dir: Path, *extra: str, env: dict | None = None, nofile: in
     deadline = time.time() + 180
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+            out = log_path.read_text()
+            kind = PortTaken if "address already in use" in out else RuntimeError
+            raise kind(f"server exited with {proc.returncode}:\n{out[-4000:]}")
         try:
             if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
                 key = extra[extra.index("--api-key") + 1] if "--api-key" in extra else None
