@@ -91,7 +91,7 @@ class Verdict(Enum):
 class ConnectionGuard:
     """Counts the server's connections and keeps the ones without a request in progress in arrival order, so
     the oldest can make room. One per server; the cap is settled at the first connection (the models are loaded
-    by then: uvicorn binds after the lifespan startup)."""
+    by then: uvicorn listens only after the lifespan startup)."""
 
     header_timeout_s: float
     max_sessions: int

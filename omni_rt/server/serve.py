@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import re
+import socket
 from types import FrameType
 
 import uvicorn
@@ -101,6 +102,13 @@ class DrainingServer(uvicorn.Server):
         self.runtime = runtime
         self._drain_task: asyncio.Task | None = None
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if sockets is not None and not self.should_exit:  # uvicorn says where it listens only on sockets it bound
+            host, port = sockets[0].getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            logging.getLogger("uvicorn.error").info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", shown, port)
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._drain_task is not None or not self.started:
             return super().handle_exit(sig, frame)  # second signal, or not serving yet: exit now
@@ -115,7 +123,25 @@ class DrainingServer(uvicorn.Server):
             super().handle_exit(sig, frame)
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The server's TCP socket, bound now, before the models load; uvicorn listens on it once they have.
+
+    Why not let uvicorn bind it: it binds after the lifespan startup, seconds later, so a port that is in use
+    was reported only after the models had loaded, and a child the startup spawns (llama-server picks a free port
+    of its own) could take the port meanwhile. ``SO_REUSEADDR`` as uvicorn sets it (a restart right after a stop
+    binds again)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"omni-rt: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
 def serve(settings: ServerSettings, log_level: str = "info") -> None:
+    listener = bind_listener(settings.host, settings.port)
     for name in ("uvicorn.access", "uvicorn.error"):
         logging.getLogger(name).addFilter(RedactSecrets())
     quiet_logs(settings.port)
@@ -136,4 +162,4 @@ def serve(settings: ServerSettings, log_level: str = "info") -> None:
                             log_level=log_level, timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
                             timeout_keep_alive=settings.connect_timeout_s, backlog=accept_backlog(file_limit()),
                             http=functools.partial(GuardedHttpProtocol, guard=guard))  # type: ignore[arg-type]
-    DrainingServer(config, app.state.runtime).run()
+    DrainingServer(config, app.state.runtime).run(sockets=[listener])

@@ -55,9 +55,9 @@ class LiveServer:
 def start_server(tmp_dir: Path, *extra: str, env: dict | None = None, nofile: int | None = None) -> LiveServer:
     """``nofile``: the server process's open-file limit (RLIMIT_NOFILE, soft and hard), as ``ulimit -n`` would.
 
-    The port is free when picked but bound only once the models are loaded; a child the server starts meanwhile
-    (llama-server picks its own free port) can take it first. Then the server exits with "address already in
-    use" and it is started again on another port (at most ``PORT_TRIES`` times)."""
+    The port is free when picked, and another process can take it before the server binds it (the server binds
+    at once, before its models load). Then the server exits with "Address already in use" and it is started
+    again on another port (at most ``PORT_TRIES`` times)."""
     for attempt in range(1, PORT_TRIES + 1):
         try:
             return _start_on(free_port(), tmp_dir, extra, env, nofile)
@@ -87,7 +87,7 @@ def _start_on(port: int, tmp_dir: Path, extra: tuple[str, ...], env: dict | None
     while time.time() < deadline:
         if proc.poll() is not None:
             out = log_path.read_text()
-            kind = PortTaken if "address already in use" in out else RuntimeError
+            kind = PortTaken if "address already in use" in out.lower() else RuntimeError
             raise kind(f"server exited with {proc.returncode}:\n{out[-4000:]}")
         try:
             if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:

@@ -1,6 +1,6 @@
 """Hostile input and faults against a real server: bad JSON never closes a session, silent sockets are
-reaped, slow readers are closed with a reason, Twilio's fields are type-checked, SIGTERM drains, and tokens
-never reach the log."""
+reaped, slow readers are closed with a reason, Twilio's fields are type-checked, SIGTERM drains, tokens
+never reach the log, and a busy port is refused before the models load."""
 
 from __future__ import annotations
 
@@ -145,3 +145,24 @@ def test_sigterm_drains_and_token_never_logged(drain_server):
     drain_server.proc.wait(timeout=30)
     log = drain_server.log_path.read_text()
     assert "token=***" in log and KEY not in log, log[-2000:]
+
+
+def test_a_busy_port_is_refused_at_once_before_the_models_load():
+    """The server binds its port first: a port in use ends it in about a second with one line naming the port,
+    not after the pipeline has loaded (and no child it starts can take the port while the models load)."""
+    import subprocess
+    import sys
+
+    from servers import ROOT
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "omni_rt.cli", "serve", "--port", str(port)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - t0
+    assert done.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr, done.stderr[-2000:]
+    assert "pipeline" not in done.stderr and took < 20, (took, done.stderr[-2000:])
