@@ -30,9 +30,10 @@ early) of the candidate's audio so far, queued on the stage's decode worker like
 
 An interruption is recognised at the first look that hears a word outside the lexicon with a word after it
 ("Can you", "go back"): ``FIRST_LOOK_MS`` of speech (from Silero's onset) plus one decode. A word outside the
-lexicon that is the look's last ("Wait", or "Church" for a cut "Sure, sure") is believed once two looks in a row
-heard it (``CONFIRM_LOOKS``, ``confirmed``): tiny.en reads a short word cut at a look's end wrongly far more often
-than twice the same way, and such one-look misreadings were most of the backchannels that barged in. Looks come
+lexicon that is the look's last ("Wait", or "Church" for a cut "Sure, sure"), or that only hums come before ("M in
+that." for "Mmm."), is believed once two looks in a row heard it (``CONFIRM_LOOKS``, ``confirmed``): tiny.en
+reads a short word cut at a look's end wrongly far more often than twice the same way, and such one-look
+misreadings were most of the backchannels that barged in. Looks come
 every ``NEXT_LOOK_MS`` of further speech; a backchannel is decided at its pause (``PAUSE_MS`` after its sound
 ends) plus one decode. Each candidate decodes at most ``MAX_DECODES`` times.
 """
@@ -69,11 +70,16 @@ PAUSE_MS = 160
 MAX_DECODES = 5
 # a lone word outside the lexicon at a look's end decides only once two looks in a row heard it (``confirmed``)
 CONFIRM_LOOKS = True
+# ... and so does one that only hums come before ("M in that.", "Em in.": tiny.en goes on from a cut hum into
+# invented words); with ``CONFIRM_LOOKS``
+DOUBT_AFTER_HUMS = True
 # at most this many (distinct-in-a-row) words: "yeah yeah I see okay" is still a backchannel, more is a turn
 MAX_BACKCHANNEL_WORDS = 4
 
 # hums, fillers and laughter however many letters Whisper gives them: "mmmm", "hmmm", "mhm", "uhh", "ahh", "haha"
-_SOUNDS = re.compile(r"[mhn]+|u+h+|u+m+|a+h+|o+h+|e+h+|(ha)+h?|(he)+h?")
+_SOUNDS = re.compile(r"[mhn]+|e+m+|u+h+|u+m+|a+h+|o+h+|e+h+|(ha)+h?|(he)+h?")
+# the closed-mouth ones, which tiny.en misreads as words: "mmm", "hmm", "mm", "n", "em"
+_HUMS = re.compile(r"[mhn]+|e+m+")
 _TAGS = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # Whisper's sound tags: [coughs], (laughing), *sigh*
 _WORD = re.compile(r"[a-z']+")
 
@@ -106,6 +112,16 @@ def _first_other(words: list[str]) -> int | None:
     return next((i for i, w in enumerate(words) if not is_backchannel_word(w)), None)
 
 
+def _in_doubt(words: list[str], other: int | None) -> bool:
+    """The first word outside the lexicon (at ``other``) is one a single look may have misread: nothing after it
+    says it was heard right (the look's last word), or nothing but hums comes before it (``DOUBT_AFTER_HUMS``)."""
+    if other is None:
+        return False
+    if other == len(words) - 1:
+        return True
+    return DOUBT_AFTER_HUMS and other > 0 and all(_HUMS.fullmatch(w) for w in words[:other])
+
+
 def confirmed(words: list[str], earlier: list[str]) -> bool:
     """The earlier look heard the same first word outside the lexicon at the same place (or its start: the earlier
     decode cut it): two looks of the same speech agree on what makes it an interruption."""
@@ -123,8 +139,8 @@ def decide(text: str | None, speech_ms: float, paused: bool, earlier: str | None
     While the speech goes on, the last word of the text is a word cut off by the decode, and Whisper often invents
     one there ("Oh, okay" cut after 300 ms is heard "Oh, oak"): after a backchannel word, or alone when it begins
     one ("Exact" of "Exactly"), it decides nothing until more is heard. Any other word decides: at once with a
-    word after it ("can you"), and with ``confirm`` as the look's last word only when ``earlier`` (the look
-    before) heard it too."""
+    word after it ("can you"), and with ``confirm`` as the look's last word or after nothing but hums ("M in
+    that.") only when ``earlier`` (the look before) heard it too."""
     if speech_ms > MAX_BACKCHANNEL_MS:
         return "interruption"
     if text is None:
@@ -136,8 +152,7 @@ def decide(text: str | None, speech_ms: float, paused: bool, earlier: str | None
     heard = words[:-1] if cut else words
     if not all(is_backchannel_word(w) for w in heard):
         other = _first_other(words)
-        alone = other is not None and other == len(words) - 1  # no word after it to say it was heard right
-        if confirm and not paused and alone and not confirmed(words, words_of(earlier or "")):
+        if confirm and not paused and _in_doubt(words, other) and not confirmed(words, words_of(earlier or "")):
             return "undecided"
         return "interruption"
     return "backchannel" if paused else "undecided"

@@ -113,6 +113,19 @@ def test_decide_with_confirmed_looks() -> None:
     assert decide("Sure, sure.", 500, paused=True, earlier="Church", confirm=True) == "backchannel"
 
 
+def test_words_after_a_hum_need_two_looks() -> None:
+    """tiny.en goes on from a cut hum into invented words ("Mmm." read "M in that.", "Em in."): a word outside the
+    lexicon after nothing but hums is in doubt like a lone one; a real "Mm, wait, stop" is decided a look later."""
+    assert decide("M in that.", 400, paused=False, earlier="Emmina.", confirm=True) == "undecided"
+    assert decide("Em in.", 300, paused=False, confirm=True) == "undecided"
+    assert decide("Mm, wait, stop", 400, paused=False, earlier="Mm, wait", confirm=True) == "interruption"
+    assert decide("MMM.", 500, paused=True, earlier="M in that.", confirm=True) == "backchannel"
+    assert decide("Hmm, wait a", 300, paused=False, confirm=True) == "undecided"
+    # not after an open-mouth filler or a lexicon word, which tiny.en reads reliably
+    assert decide("Oh, wait a", 300, paused=False, confirm=True) == "interruption"
+    assert decide("Yeah, but why", 300, paused=False, confirm=True) == "interruption"
+
+
 def test_answer_playback_clock() -> None:
     p = AnswerPlayback()
     assert not p.audible(0)
