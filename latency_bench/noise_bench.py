@@ -81,7 +81,6 @@ def command(args: argparse.Namespace) -> int:
     from omni_rt.backends.vad import SileroVadModel
     from omni_rt.backends.whisper import FasterWhisperASR
     from omni_rt.testing import noise as N
-    from omni_rt.testing.noise import at_snr
 
     lib, asr, vad_model = load_library(), FasterWhisperASR(), SileroVadModel()
     rng = np.random.default_rng(0)
@@ -102,7 +101,7 @@ def command(args: argparse.Namespace) -> int:
             row: dict[str, Any] = {"question": q, "length_scale": scale, "clean": word_accuracy(q, asr.transcribe(s))}
             for name, (_, snr) in kinds.items():
                 off = int(rng.integers(0, bank[name].size - s.size))
-                noisy = s + at_snr(s, bank[name][off:off + s.size], snr)
+                noisy = s + N.at_snr(s, bank[name][off:off + s.size], snr)
                 out, el, delay = denoise(lib, noisy)
                 compute_s, audio_s = compute_s + el, audio_s + noisy.size / SR
                 hyp_noisy, hyp_den = asr.transcribe(noisy), asr.transcribe(out)

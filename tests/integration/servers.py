@@ -54,26 +54,8 @@ class LiveServer:
 
 def start_server(tmp_dir: Path, *extra: str, env: dict | None = None, nofile: int | None = None) -> LiveServer:
     """``nofile``: the server process's open-file limit (RLIMIT_NOFILE, soft and hard), as ``ulimit -n`` would.
-
-    The port is free when picked, and another process can take it before the server binds it (the server binds
-    at once, before its models load). Then the server exits with "Address already in use" and it is started
-    again on another port (at most ``PORT_TRIES`` times)."""
-    for attempt in range(1, PORT_TRIES + 1):
-        try:
-            return _start_on(free_port(), tmp_dir, extra, env, nofile)
-        except PortTaken:
-            if attempt == PORT_TRIES:
-                raise
-
-
-PORT_TRIES = 3
-
-
-class PortTaken(RuntimeError):
-    pass
-
-
-def _start_on(port: int, tmp_dir: Path, extra: tuple[str, ...], env: dict | None, nofile: int | None) -> LiveServer:
+    (The server binds its port at once, before its models load, so no child it starts can take the port.)"""
+    port = free_port()
     log_path = tmp_dir / f"server-{port}.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(
@@ -86,9 +68,7 @@ def _start_on(port: int, tmp_dir: Path, extra: tuple[str, ...], env: dict | None
     deadline = time.time() + 180
     while time.time() < deadline:
         if proc.poll() is not None:
-            out = log_path.read_text()
-            kind = PortTaken if "address already in use" in out.lower() else RuntimeError
-            raise kind(f"server exited with {proc.returncode}:\n{out[-4000:]}")
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
         try:
             if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
                 key = extra[extra.index("--api-key") + 1] if "--api-key" in extra else None

@@ -76,10 +76,10 @@ DOUBT_AFTER_HUMS = True
 # at most this many (distinct-in-a-row) words: "yeah yeah I see okay" is still a backchannel, more is a turn
 MAX_BACKCHANNEL_WORDS = 4
 
-# hums, fillers and laughter however many letters Whisper gives them: "mmmm", "hmmm", "mhm", "uhh", "ahh", "haha"
-_SOUNDS = re.compile(r"[mhn]+|e+m+|u+h+|u+m+|a+h+|o+h+|e+h+|(ha)+h?|(he)+h?")
-# the closed-mouth ones, which tiny.en misreads as words: "mmm", "hmm", "mm", "n", "em"
+# the closed-mouth sounds, which tiny.en misreads as words: "mmm", "hmm", "mm", "n", "em"
 _HUMS = re.compile(r"[mhn]+|e+m+")
+# hums, fillers and laughter however many letters Whisper gives them: "mmmm", "hmmm", "mhm", "uhh", "ahh", "haha"
+_SOUNDS = re.compile(_HUMS.pattern + r"|u+h+|u+m+|a+h+|o+h+|e+h+|(ha)+h?|(he)+h?")
 _TAGS = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # Whisper's sound tags: [coughs], (laughing), *sigh*
 _WORD = re.compile(r"[a-z']+")
 

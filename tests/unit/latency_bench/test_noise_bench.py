@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from latency_bench.noise_bench import word_accuracy
+from latency_bench.noise_bench import vad_starts, word_accuracy
 from omni_rt.testing import noise as N
 
 SR = 16000
@@ -41,15 +41,11 @@ def test_at_snr_sets_the_power_ratio() -> None:
 
 @pytest.mark.integration  # Piper and Silero run for a few seconds
 def test_silero_hears_babble_as_speech_and_clatter_as_none() -> None:
-    from omni_rt.backends.vad import SileroVadModel, StreamingVAD
+    from omni_rt.backends.vad import SileroVadModel
 
-    def starts(x: np.ndarray) -> int:
-        vad = StreamingVAD(SileroVadModel(), threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500, sample_rate=SR)
-        return sum(ev.kind == "speech_started" for i in range(0, x.size, 320) for ev in vad.feed(x[i:i + 320]))
-
-    rng = np.random.default_rng(3)
-    assert starts(0.1 * N.babble(6 * SR, rng, talkers=2)) >= 1
-    assert starts(0.03 * N.clatter(6 * SR, rng)) == 0
+    model, rng = SileroVadModel(), np.random.default_rng(3)
+    assert vad_starts(model, 0.1 * N.babble(6 * SR, rng, talkers=2)) >= 1
+    assert vad_starts(model, 0.03 * N.clatter(6 * SR, rng)) == 0
 
 
 def test_word_accuracy_counts_reference_words_in_order() -> None:
