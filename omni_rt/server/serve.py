@@ -124,16 +124,19 @@ class DrainingServer(uvicorn.Server):
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
-    """The server's TCP socket, bound now, before the models load; uvicorn listens on it once they have.
+    """The server's TCP socket, bound and listening now, before the models load; uvicorn accepts on it once they
+    have (a client that connects meanwhile waits in the listen queue).
 
     Why not let uvicorn bind it: it binds after the lifespan startup, seconds later, so a port that is in use
     was reported only after the models had loaded, and a child the startup spawns (llama-server picks a free port
     of its own) could take the port meanwhile. ``SO_REUSEADDR`` as uvicorn sets it (a restart right after a stop
-    binds again)."""
+    binds again); listening at once is what keeps a second server started on the same port meanwhile out (two
+    sockets with ``SO_REUSEADDR`` may share a port until one listens)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen()
     except OSError as exc:
         sock.close()
         raise SystemExit(f"omni-rt: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
