@@ -51,10 +51,20 @@ FRESH_BACKCHANNELS = ("Hmm.", "Mmm, okay.", "Uh huh, right.", "Yeah, yeah.", "Ok
 FRESH_INTERRUPTIONS = ("Hmm, wait a second.", "Mm, no, stop.", "Hey.", "Listen.", "Okay, stop.", "Yeah, but why?",
                        "Hold up.", "One moment.", "Not that one.", "I said Tuesday.", "How much does it cost?",
                        "Could you speak slower?")
+# a fourth set, written on 2026-12-07 (twelfth sitting) before the first three sets' failures were tuned on: what
+# is reported for whatever was chosen on the other three. Listener responses outside any lexicon among them
+# ("Gotcha.", "Fair enough.", "Makes sense."), and interruptions led by listener words ("Right, but what about
+# Friday?", "Okay, and then what?")
+REPORT_BACKCHANNELS = ("Mm-hmm, okay.", "Yes, yes.", "Ah.", "Alright.", "Uh-huh, I see.", "Gotcha.", "Fair enough.",
+                       "Yeah, totally.", "Oh, wow.", "Makes sense.", "Oh, interesting.", "Okay, got it.")
+REPORT_INTERRUPTIONS = ("Wait, what?", "Stop, stop.", "No, no, no.", "Um, excuse me.", "Sorry to interrupt.",
+                        "Yes, but how?", "Okay, and then what?", "Pause.", "Hmm, that's not right.",
+                        "Tell me more about Rome.", "Why?", "Right, but what about Friday?")
 HALVES = {"tuning": (BACKCHANNELS, INTERRUPTIONS, 7), "held-out": (HELD_OUT_BACKCHANNELS, HELD_OUT_INTERRUPTIONS, 8),
-          "fresh": (FRESH_BACKCHANNELS, FRESH_INTERRUPTIONS, 9)}
-HALF_CHOICES = {"tuning": ("tuning",), "held-out": ("held-out",), "fresh": ("fresh",),
-                "both": ("tuning", "held-out"), "all": ("tuning", "held-out", "fresh")}
+          "fresh": (FRESH_BACKCHANNELS, FRESH_INTERRUPTIONS, 9),
+          "report": (REPORT_BACKCHANNELS, REPORT_INTERRUPTIONS, 10)}
+HALF_CHOICES = {"tuning": ("tuning",), "held-out": ("held-out",), "fresh": ("fresh",), "report": ("report",),
+                "both": ("tuning", "held-out"), "all": ("tuning", "held-out", "fresh", "report")}
 VOICES = (("plain", 1.0, 0.0, 0.0, 0), ("fast+noise", 0.85, 0.667, 0.8, 11), ("slow+noise", 1.2, 0.667, 0.8, 23))
 
 
