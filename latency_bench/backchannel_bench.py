@@ -64,7 +64,7 @@ HALVES = {"tuning": (BACKCHANNELS, INTERRUPTIONS, 7), "held-out": (HELD_OUT_BACK
           "fresh": (FRESH_BACKCHANNELS, FRESH_INTERRUPTIONS, 9),
           "report": (REPORT_BACKCHANNELS, REPORT_INTERRUPTIONS, 10)}
 HALF_CHOICES = {"tuning": ("tuning",), "held-out": ("held-out",), "fresh": ("fresh",), "report": ("report",),
-                "both": ("tuning", "held-out"), "all": ("tuning", "held-out", "fresh", "report")}
+                "both": ("tuning", "held-out"), "looked-at": ("tuning", "held-out", "fresh"), "all": ("tuning", "held-out", "fresh", "report")}
 VOICES = (("plain", 1.0, 0.0, 0.0, 0), ("fast+noise", 0.85, 0.667, 0.8, 11), ("slow+noise", 1.2, 0.667, 0.8, 23))
 
 
@@ -80,11 +80,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decide an interruption only once two looks agree (default: interruption.CONFIRM_LOOKS)")
     p.add_argument("--half", choices=tuple(HALF_CHOICES), default="both",
                    help="which part of the set: the half the rule was tuned on, the held-out half, both (default), "
-                        "the fresh third set, or all three")
+                        "the fresh third set, the fourth (report) set, the three read for failures (looked-at) or all four")
     p.add_argument("--pause-ms", type=int, default=None,
                    help="silence after a run of listener words that ends the backchannel (default: interruption.PAUSE_MS)")
     p.add_argument("--doubt-after-hums", choices=("on", "off"), default=None,
                    help="a word after a leading hum needs two looks too (default: interruption.DOUBT_AFTER_HUMS)")
+    p.add_argument("--reading-margin", type=float, default=None,
+                   help="believe a listener reading at most this many nats less likely than the look's text; 0: off "
+                        "(default: interruption.READING_MARGIN)")
     p.add_argument("--out", type=Path, default=OUT)
 
 
@@ -203,8 +206,9 @@ class _HeardLog(logging.Handler):
         self.heard: dict[str, list[str]] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.msg.startswith("session %s: interruption after") and len(record.args) == 3:
-            self.heard[str(record.args[0])] = list(record.args[2])
+        if record.msg.startswith("session %s: interruption after") and len(record.args) == 4:
+            decided, wrote = record.args[2], record.args[3]
+            self.heard[str(record.args[0])] = [w if w == d else f"{w} ~ {d}" for d, w in zip(decided, wrote)]
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -233,6 +237,8 @@ def command(args: argparse.Namespace) -> None:
 
     if args.doubt_after_hums is not None:
         interruption.DOUBT_AFTER_HUMS = args.doubt_after_hums == "on"
+    if args.reading_margin is not None:
+        stage_module.READING_MARGIN = args.reading_margin
     asr = FasterWhisperASR(cpu_threads=1)
     if args.brief_window_s is not None:
         asr.brief_window_s = args.brief_window_s
@@ -262,7 +268,7 @@ def command(args: argparse.Namespace) -> None:
            "first_look_ms": stage_module.FIRST_LOOK_MS, "next_look_ms": stage_module.NEXT_LOOK_MS,
            "pause_ms": stage_module.PAUSE_MS,
            "confirm_looks": stage_module.CONFIRM_LOOKS, "doubt_after_hums": interruption.DOUBT_AFTER_HUMS,
-           "summary": summary, "clips": rows}
+           "reading_margin": stage_module.READING_MARGIN, "summary": summary, "clips": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
     print(json.dumps(summary, indent=1))

@@ -14,7 +14,7 @@ faster-whisper also answers `transcribe_batch_scored`: each text with Whisper's 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,31 +157,77 @@ class FasterWhisperASR:
             probs.append(float(e[ids[step]] / e.sum()))
         return min(probs)
 
-    def transcribe_brief(self, audio: np.ndarray, max_new_tokens: int = 16) -> str:
+    def transcribe_brief(self, audio: np.ndarray, max_new_tokens: int = 16,
+                         readings: Callable[[str], Sequence[str]] | None = None,
+                         max_readings: int = 3) -> tuple[str, tuple[str, float] | None]:
         """A quick look at a short piece of speech (a possible backchannel over an answer): its first words, at most
         ``max_new_tokens`` tokens (a backchannel is a few; more words already say it is not one, and a Whisper loop
-        on a cut-off word then stops early), in a window of ``brief_window_s`` (at least the speech + 1 s)."""
+        on a cut-off word then stops early), in a window of ``brief_window_s`` (at least the speech + 1 s).
+
+        ``readings`` (optional): given the text heard, other texts the caller would rather it were (a listener's
+        "Sure." for "Church."); the likeliest of them is returned with how much less likely Whisper finds it than
+        what it wrote (natural log, >= 0 unless greedy decoding missed a likelier text), else None. Why: tiny.en
+        reads a short word wrongly and confidently ("True." -> "Trim"), but the right reading often scores close
+        behind, and scoring a few texts on the encoder output already computed is cheaper than a larger model.
+        Only the ``max_readings`` whose first token off the heard text Whisper found likeliest are scored (each
+        scored text costs one teacher-forced decoder pass, ~8 ms on tiny.en)."""
         raw = self._features(audio)
         window = int(min(3000, max(self.brief_window_s * 100, raw.shape[-1] + 100)))
-        return self._decode_window([raw], [_check_audio(audio)], window, max_new_tokens=max_new_tokens)[0][0]
+        audio = _check_audio(audio)
+        enc, results = self._generate([raw], window, max_new_tokens, logits=readings is not None)
+        (text, _), = self._texts([audio], results, scored=False)
+        if readings is None or not text:
+            return text, None
+        options = [o for o in dict.fromkeys(readings(text)) if o.strip() and o.strip() != text]
+        if not options:
+            return text, None
+        heard = [t for t in results[0].sequences_ids[0] if t < self.tokenizer.eot]
+        steps = [np.asarray(lg, dtype=np.float32).reshape(-1) for lg in results[0].logits[0]]
+        encoded = [self.tokenizer.encode(" " + o.strip()) for o in options]
+        ranked = sorted(range(len(options)), key=lambda i: -_first_departure_logit(encoded[i], heard, steps))
+        keep = ranked[:max_readings]
+        # the heard text's own log-probability is in the decode's logits; the readings are scored teacher-forced
+        heard_logp = sum(float(lg[t] - _logsumexp(lg)) for t, lg in zip(heard, steps))
+        logps = self._sequence_logps(enc, raw.shape[-1], [encoded[i] for i in keep])
+        best = int(np.argmax(logps))
+        return text, (options[keep[best]].strip(), heard_logp - float(logps[best]))
+
+    def _sequence_logps(self, encoder_output: Any, n_frames: int, sequences: list[list[int]]) -> np.ndarray:
+        """Whisper's log-probability of each token sequence given the encoded audio (teacher-forced, one batch)."""
+        import ctranslate2
+
+        enc = np.asarray(encoder_output)
+        batch = ctranslate2.StorageView.from_array(np.ascontiguousarray(np.repeat(enc, len(sequences), axis=0)))
+        res = self.model.model.align(batch, list(self.prompt), sequences, [n_frames] * len(sequences))
+        return np.array([float(np.log(np.maximum(np.asarray(r.text_token_probs, dtype=np.float64), 1e-12)).sum())
+                         for r in res])
 
     def _decode_window(self, raw: list[np.ndarray], audios: list[np.ndarray], window: int,
                        scored: bool = False, max_new_tokens: int | None = None) -> list[tuple[str, float | None]]:
+        _, results = self._generate(raw, window, self.max_new_tokens if max_new_tokens is None else max_new_tokens,
+                                    logits=scored)
+        return self._texts(audios, results, scored)
+
+    def _generate(self, raw: list[np.ndarray], window: int, max_new_tokens: int, logits: bool) -> tuple[Any, list[Any]]:
+        """Encode the padded features once and decode greedily; the encoder output is kept for scoring."""
         from faster_whisper.audio import pad_or_trim
 
         feats = np.stack([pad_or_trim(f, window) for f in raw]).astype(np.float32)
         encoder_output = self.model.encode(feats)
         results = self.model.model.generate(
             encoder_output,
-            [list(self.prompt) for _ in audios],
+            [list(self.prompt) for _ in raw],
             beam_size=self.beam_size,
-            max_length=len(self.prompt) + (self.max_new_tokens if max_new_tokens is None else max_new_tokens),
+            max_length=len(self.prompt) + max_new_tokens,
             suppress_blank=True,
             suppress_tokens=self.suppress_tokens,
             return_scores=True,
             return_no_speech_prob=True,
-            return_logits_vocab=scored,
+            return_logits_vocab=logits,
         )
+        return encoder_output, results
+
+    def _texts(self, audios: list[np.ndarray], results: list[Any], scored: bool) -> list[tuple[str, float | None]]:
         texts: list[tuple[str, float | None]] = []
         for audio, r in zip(audios, results, strict=True):
             tokens = [t for t in r.sequences_ids[0] if t < self.tokenizer.eot]
@@ -195,6 +241,20 @@ class FasterWhisperASR:
             else:
                 texts.append((text, self._last_word_prob(r.sequences_ids[0], r.logits[0]) if scored and r.logits else None))
         return texts
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    m = float(x.max())
+    return m + float(np.log(np.exp(x - m).sum()))
+
+
+def _first_departure_logit(tokens: list[int], heard: list[int], steps: list[np.ndarray]) -> float:
+    """The logit Whisper gave, at the first step where ``tokens`` leave the ``heard`` tokens, to the token they
+    take there (-inf where that step was not decoded): ranks alternative texts before scoring them whole."""
+    for k, t in enumerate(tokens):
+        if k >= len(heard) or heard[k] != t:
+            return float(steps[k][t]) if k < len(steps) and t < steps[k].size else float("-inf")
+    return float("-inf")
 
 
 class TransformersWhisperASR:

@@ -32,7 +32,8 @@ class Transcriber(Protocol):
     # optional too: each text with Whisper's probability of its last word (semantic_vad's speculative decodes)
     # def transcribe_batch_scored(self, audios: list[np.ndarray]) -> list[tuple[str, float | None]]: ...
     # optional too: a quick look, only the first words of a short piece of speech (``DecodeJob.brief``)
-    # def transcribe_brief(self, audio: np.ndarray) -> str: ...
+    # def transcribe_brief(self, audio, readings=None) -> tuple[str, tuple[str, float] | None]: ...
+    #     (``readings``: texts to weigh against the one heard; the likeliest with its log-probability deficit)
 
 
 @dataclass
@@ -47,11 +48,14 @@ class DecodeJob:
     meta: dict[str, Any]
     scored: bool = False  # wants the last word's probability too (``last_word_prob`` in the result)
     brief: bool = False  # only its first words are wanted (``transcribe_brief``, when it runs alone)
+    # a brief look's alternative texts to weigh against what it heard (``reading`` in the result)
+    readings: Callable[[str], list[str]] | None = None
 
 
 class DecodeQueue:
     """Queues per session, one worker thread; each result is posted as ``post(session_id, data)`` with data
-    ``{"op": "_decoded", "kind", "text", "last_word_prob", "error", "asr_ms", **meta}``. Only the stage's thread calls it."""
+    ``{"op": "_decoded", "kind", "text", "last_word_prob", "reading", "error", "asr_ms", **meta}``
+    (``reading``: a brief look's likeliest alternative text and its log-probability deficit, or None). Only the stage's thread calls it."""
 
     def __init__(self, transcriber: Transcriber, max_batch: int, post: Callable[[str, dict[str, Any]], None],
                  counters: dict[str, int]) -> None:
@@ -142,12 +146,14 @@ class DecodeQueue:
             else:
                 live.append(job)
         results: list[tuple[str, float | None]] = []
+        reading: tuple[str, float] | None = None
         error = None
         try:
             scored = getattr(self.transcriber, "transcribe_batch_scored", None)
             brief = getattr(self.transcriber, "transcribe_brief", None)
             if len(live) == 1 and live[0].brief and brief is not None:
-                results = [(brief(live[0].audio), None)]
+                text, reading = brief(live[0].audio, readings=live[0].readings)
+                results = [(text, None)]
             elif live and scored is not None and any(j.scored for j in live):
                 results = list(scored([j.audio for j in live]))
             elif len(live) == 1:
@@ -167,5 +173,5 @@ class DecodeQueue:
             err = error if error is not None and not job.meta.get("stale") else None
             # t_start/t_done: when the worker ran it, so the stage can split a turn's wait into queue vs compute
             self._post(job.session_id, {"op": "_decoded", "kind": job.kind, "text": text, "last_word_prob": last_word_prob,
-                                        "error": err, "asr_ms": asr_ms,
+                                        "reading": reading if job.brief and id(job) in by_job else None, "error": err, "asr_ms": asr_ms,
                                         "t_start": t0, "t_done": t1, **job.meta})

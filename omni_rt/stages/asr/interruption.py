@@ -25,6 +25,14 @@ weakness is the closed-mouth hum ("mm-hm"): Whisper tiny.en often writes it as a
 "amendment" is not), so a hummed backchannel is sometimes taken for an interruption: the safe side, since a missed
 interruption costs more than an interruption too many. Numbers: docs/benchmarks/turn-taking.md.
 
+A look that heard a word outside the lexicon is also weighed against what a listener says (``listener_readings``:
+the listener words it heard first, then "Yeah.", "Sure.", "True.", "Uh-huh." ...): the decode worker scores the
+likeliest few of them on the same encoder output (``transcribe_brief``'s ``readings``), and a reading at most
+``READING_MARGIN`` less likely than the text is what the look heard (``heard``). Why: tiny.en writes a short word
+or a cough wrongly and with confidence ("Church" for "Sure", "Bye." for a cough), but the listener's word is
+often close behind it by Whisper's own scores, while "Wait" or "Excuse me" are far from every listener reading;
+asking Whisper costs ~25 ms of decoder passes and no new model.
+
 Each look is a brief decode (``transcribe_brief``: at most 16 tokens, so a Whisper loop on a cut-off word stops
 early) of the candidate's audio so far, queued on the stage's decode worker like any other decode.
 
@@ -44,15 +52,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["AnswerPlayback", "BACKCHANNEL_WORDS", "CONFIRM_LOOKS", "Candidate", "FIRST_LOOK_MS", "MAX_BACKCHANNEL_MS", "MAX_DECODES", "NEXT_LOOK_MS",
-           "PAUSE_MS", "Verdict", "begins_backchannel_word", "decide", "is_backchannel_word", "words_of"]
+__all__ = ["AnswerPlayback", "BACKCHANNEL_WORDS", "CONFIRM_LOOKS", "Candidate", "FIRST_LOOK_MS", "LISTENER_READINGS",
+           "MAX_BACKCHANNEL_MS", "MAX_DECODES", "NEXT_LOOK_MS", "PAUSE_MS", "READING_MARGIN", "Verdict",
+           "begins_backchannel_word", "decide", "heard", "is_backchannel_word", "listener_readings", "words_of"]
 
 # the words a listener says without taking the turn, as Whisper writes them (hyphenated forms are split, so
 # "uh-huh" is "uh" + "huh"); "no" is not one: "no, I meant..." is the commonest correction
 BACKCHANNEL_WORDS = frozenset({
     "mm", "mmm", "mhm", "mmhm", "mmhmm", "hm", "hmm", "m", "uh", "huh", "uhhuh", "um", "ah", "oh", "ooh", "aha",
     "yeah", "yes", "yep", "yup", "ya", "ok", "okay", "alright", "right", "sure", "i", "see", "got", "it",
-    "cool", "nice", "wow", "great", "exactly", "indeed", "true", "totally",
+    "cool", "nice", "wow", "great", "exactly", "indeed", "true", "totally", "know", "of", "course",
 })
 # the longest speech a backchannel is ("oh okay", "yeah, right" spoken slowly last ~1.1 s); longer is a turn
 MAX_BACKCHANNEL_MS = 1200
@@ -75,6 +84,14 @@ CONFIRM_LOOKS = True
 DOUBT_AFTER_HUMS = True
 # at most this many (distinct-in-a-row) words: "yeah yeah I see okay" is still a backchannel, more is a turn
 MAX_BACKCHANNEL_WORDS = 4
+
+# what a listener says, as whole responses Whisper could have written: a look that heard a word outside the lexicon
+# is weighed against these (after the lexicon words it heard before that word) by Whisper's own scores
+LISTENER_READINGS = ("Yeah", "Yes", "Yep", "Okay", "Right", "Sure", "I see", "Uh-huh", "Mm-hmm", "Hmm", "Mmm", "Oh",
+                     "Ah", "Oh, okay", "Got it", "Wow", "Nice", "Exactly", "True", "I know", "Of course", "Cool",
+                     "Alright", "Great", "Totally", "Um", "Uh")
+# a listener reading at most this much less likely than the text heard (natural log: ~7x) is believed instead
+READING_MARGIN = 2.0
 
 # the closed-mouth sounds, which tiny.en misreads as words: "mmm", "hmm", "mm", "n", "em"
 _HUMS = re.compile(r"[mhn]+|e+m+")
@@ -122,6 +139,31 @@ def _in_doubt(words: list[str], other: int | None) -> bool:
     return DOUBT_AFTER_HUMS and other > 0 and all(_HUMS.fullmatch(w) for w in words[:other])
 
 
+def listener_readings(text: str) -> list[str]:
+    """Listener responses the look's ``text`` may have been, for ``transcribe_brief`` to weigh: the words before
+    its first word outside the lexicon, then each of ``LISTENER_READINGS`` ("Oh, write" -> "Oh, right.", "Oh,
+    okay.", ...), and each alone ("I have" may be "Uh-huh."). None when every word is a listener word (nothing to weigh) or the text is long (a turn)."""
+    words = words_of(text)
+    other = _first_other(words)
+    if other is None or len(words) > 2 * MAX_BACKCHANNEL_WORDS:
+        return []
+    # the text up to the word at ``other``, as Whisper wrote it (its spelling and punctuation)
+    head, n = "", 0
+    for m in re.finditer(r"\S+", text):
+        if n == other:
+            break
+        head = text[: m.end()]
+        n = len(words_of(head))
+    alone = [r + "." for r in LISTENER_READINGS]
+    head = head.strip()
+    if not head:
+        return alone
+    sep = " " if head[-1] in ".!?," else ", "
+    lower = head[-1] not in ".!?"
+    after = [head + sep + (r[0].lower() + r[1:] if lower and not r.startswith("I ") else r) + "." for r in LISTENER_READINGS]
+    return after + alone
+
+
 def confirmed(words: list[str], earlier: list[str]) -> bool:
     """The earlier look heard the same first word outside the lexicon at the same place (or its start: the earlier
     decode cut it): two looks of the same speech agree on what makes it an interruption."""
@@ -129,6 +171,13 @@ def confirmed(words: list[str], earlier: list[str]) -> bool:
     if i is None or i >= len(earlier):
         return False
     return earlier[i] == words[i] or (len(earlier[i]) >= 2 and words[i].startswith(earlier[i]))
+
+
+def heard(text: str, reading: tuple[str, float] | None, margin: float | None = None) -> str:
+    """What a look heard, for ``decide``: the listener reading ``transcribe_brief`` weighed against its ``text``
+    when Whisper finds it at most ``margin`` (``READING_MARGIN``) less likely, else the text."""
+    limit = READING_MARGIN if margin is None else margin
+    return reading[0] if reading is not None and reading[1] <= limit else text
 
 
 def decide(text: str | None, speech_ms: float, paused: bool, earlier: str | None = None,
@@ -194,7 +243,8 @@ class Candidate:
     epoch: int = 0  # the stage's epoch when it began: a decode of another candidate is ignored
     stopped_ms: int | None = None  # the VAD ended the speech (audio_end_ms) before the verdict
     sound_end: int = 0  # where its sound ended, once the VAD ended it
-    history: list[str] = field(default_factory=list)  # every text heard, for the log
+    history: list[str] = field(default_factory=list)  # every look's text as decided on (``heard``)
+    raw: list[str] = field(default_factory=list)  # ... and as Whisper wrote it, for the log
 
     def speech_ms(self, now: int, rate: int) -> float:
         return (now - self.onset) * 1000 / rate

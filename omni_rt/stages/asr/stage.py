@@ -104,12 +104,16 @@ from omni_rt.stages.asr.decoding import DecodeJob, DecodeQueue, Transcriber
 from omni_rt.stages.asr.interruption import (
     CONFIRM_LOOKS,
     FIRST_LOOK_MS,
+    MAX_BACKCHANNEL_MS,
     MAX_DECODES,
     NEXT_LOOK_MS,
     PAUSE_MS,
+    READING_MARGIN,
     AnswerPlayback,
     Candidate,
     decide,
+    heard,
+    listener_readings,
 )
 from omni_rt.stages.asr.turn_audio import TurnAudio
 from omni_rt.stages.asr.turn_rule import SCORE_AFTER_MS, SECOND_LOOK_MS, TurnDetection
@@ -272,10 +276,11 @@ class AsrWorker(SessionScheduler):
         return self._turns.model()
 
     def _decode(self, session_id: str, kind: str, audio: np.ndarray, wanted: Any = None, scored: bool = False,
-                brief: bool = False, **meta: Any) -> None:
+                brief: bool = False, readings: Any = None, **meta: Any) -> None:
         """Transcribe on the decode worker; the result returns to the session thread as a ``_decoded`` op
-        (``scored``: with the last word's probability, for semantic_vad's verdict; ``brief``: its first words)."""
-        self._decoder.submit(DecodeJob(session_id, kind, audio.copy(), wanted, meta, scored, brief))
+        (``scored``: with the last word's probability, for semantic_vad's verdict; ``brief``: its first words;
+        ``readings``: texts to weigh against what a brief look heard)."""
+        self._decoder.submit(DecodeJob(session_id, kind, audio.copy(), wanted, meta, scored, brief, readings))
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _new_vad(self, td: TurnDetection) -> Any:
@@ -517,14 +522,18 @@ class AsrWorker(SessionScheduler):
         if (paused and not covered) or (cand.decodes == 0 and now - cand.onset >= first) or (cand.decodes and now - cand.decoded_to >= nxt):
             cand.pending, cand.decoded_to = True, now
             cand.decodes += 1
-            self._decode(session.session_id, "candidate", st.seg.audio(), brief=True, epoch=cand.epoch, turn=st.turn + 1)
+            # a look may still be a listener's response: what it heard is weighed against listener readings
+            weigh = READING_MARGIN > 0 and sound_ms <= MAX_BACKCHANNEL_MS
+            self._decode(session.session_id, "candidate", st.seg.audio(), brief=True,
+                         readings=listener_readings if weigh else None, epoch=cand.epoch, turn=st.turn + 1)
 
     def _candidate_decoded(self, session: Session, st: AsrState, data: dict[str, Any]) -> None:
         cand = st.candidate
         if cand is None or data["epoch"] != cand.epoch:
             return  # decided (or cleared) while it ran
-        cand.pending, cand.text = False, data["text"]
-        cand.history.append(data["text"])
+        cand.pending, cand.text = False, heard(data["text"], data.get("reading"), READING_MARGIN)
+        cand.history.append(cand.text)
+        cand.raw.append(data["text"])
         self._candidate_step(session, st)
 
     def _decision_ms(self, st: AsrState, cand: Candidate) -> float:
@@ -537,7 +546,8 @@ class AsrWorker(SessionScheduler):
         assert cand is not None
         self.counters["interruptions"] += 1
         decision_ms = self._decision_ms(st, cand)
-        log.debug("session %s: interruption after %.0f ms (%s)", session.session_id, decision_ms, cand.history)
+        log.debug("session %s: interruption after %.0f ms (%s; Whisper wrote %s)", session.session_id, decision_ms,
+                  cand.history, cand.raw)
         self.emit(session.session_id, "event", SpeechStarted(st.turn + 1, cand.audio_start_ms, decision_ms=decision_ms))
         if finish and cand.stopped_ms is not None:
             self.emit(session.session_id, "event", SpeechStopped(st.turn + 1, cand.stopped_ms))

@@ -223,6 +223,29 @@ def test_faster_whisper_short_window_matches_full_window(question_16k, asr) -> N
     assert short == full
 
 
+def test_faster_whisper_brief_look_weighs_readings_by_whisper_scores(tts, asr) -> None:
+    """A quick look returns what greedy decoding heard and, when asked, the likeliest of the readings offered with
+    how much less likely Whisper finds it: the same word spelled another way close behind, another word far."""
+    right = resample(tts.synthesize("Right."), tts.sample_rate, 16000).astype(np.float32)
+    text, none = asr.transcribe_brief(right)
+    assert none is None and "right" in text.lower(), text
+    offered: list[str] = []
+
+    spellings = ("Right.", "Right", "right.", "right", "Right!")
+
+    def readings(heard: str) -> list[str]:
+        offered.append(heard)
+        return ["Stop.", *spellings]
+
+    text2, (best, deficit) = asr.transcribe_brief(right, readings=readings, max_readings=6)
+    assert text2 == text and offered == [text]
+    assert best in spellings and best != text and deficit < 2.0, (best, deficit)
+    _, (stop, far) = asr.transcribe_brief(right, readings=lambda heard: ["Stop."])
+    assert stop == "Stop." and far > 8.0, far
+    # the text heard is never offered back to itself; nothing left to weigh is None
+    assert asr.transcribe_brief(right, readings=lambda heard: [heard, " "])[1] is None
+
+
 def test_faster_whisper_missing_model_is_a_clear_error(tmp_path: Path) -> None:
     from omni_rt.backends.whisper import FasterWhisperASR
 

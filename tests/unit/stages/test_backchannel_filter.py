@@ -11,7 +11,15 @@ import pytest
 
 from omni_rt.audio.pcm import resample
 from omni_rt.contracts.audio_in import AnswerStarted, ResponseDone
-from omni_rt.stages.asr.interruption import AnswerPlayback, decide, is_backchannel_word, words_of
+from omni_rt.stages.asr.interruption import (
+    READING_MARGIN,
+    AnswerPlayback,
+    decide,
+    heard,
+    is_backchannel_word,
+    listener_readings,
+    words_of,
+)
 from asr_stage import SR, asr_stage, of, run_stream, turn_model  # noqa: F401 (asr_stage, turn_model: fixtures)
 
 # "Mmm hmm.": Piper's espeak reads "Mm-hm." as letters ("em em aitch em"); this spelling is a hum
@@ -124,6 +132,29 @@ def test_words_after_a_hum_need_two_looks() -> None:
     # not after an open-mouth filler or a lexicon word, which tiny.en reads reliably
     assert decide("Oh, wait a", 300, paused=False, confirm=True) == "interruption"
     assert decide("Yeah, but why", 300, paused=False, confirm=True) == "interruption"
+
+
+def test_listener_readings_keep_the_listener_words_heard_first() -> None:
+    """A look that heard a word outside the lexicon is weighed against listener responses: after the listener words
+    it heard before that word (in Whisper's spelling), and alone; nothing to weigh when all are listener words or
+    the text is a turn's."""
+    after_oh = listener_readings("Oh, write")
+    assert "Oh, right." in after_oh and "Right." in after_oh and "Oh, okay." in after_oh
+    assert "Sure." in listener_readings("Church.") and "Uh-huh." in listener_readings("I have")
+    assert "Okay. Yeah." in listener_readings("Okay. Trim")
+    assert listener_readings("Yeah, right.") == [] and listener_readings("") == []
+    assert listener_readings("Wait, stop. What time is it? Tell me now") == []
+
+
+def test_a_close_listener_reading_is_what_the_look_heard() -> None:
+    """``heard``: the reading replaces the text only when Whisper finds it at most ``READING_MARGIN`` less likely;
+    the verdict then follows from the reading."""
+    assert heard("Trim", ("True.", READING_MARGIN - 0.1)) == "True."
+    assert heard("Wait.", ("Right.", READING_MARGIN + 0.1)) == "Wait."
+    assert heard("Wait.", None) == "Wait."
+    assert heard("Trim", ("True.", 1.0), margin=0.5) == "Trim"  # an operator's lower margin
+    assert decide(heard("Church.", ("Sure.", 0.4)), 400, paused=True) == "backchannel"
+    assert decide(heard("Church.", ("Sure.", 3.0)), 400, paused=True) == "interruption"
 
 
 def test_answer_playback_clock() -> None:
