@@ -142,7 +142,8 @@ def _in_doubt(words: list[str], other: int | None) -> bool:
 def listener_readings(text: str) -> list[str]:
     """Listener responses the look's ``text`` may have been, for ``transcribe_brief`` to weigh: the words before
     its first word outside the lexicon, then each of ``LISTENER_READINGS`` ("Oh, write" -> "Oh, right.", "Oh,
-    okay.", ...), and each alone ("I have" may be "Uh-huh."). None when every word is a listener word (nothing to weigh) or the text is long (a turn)."""
+    okay.", ...), and each alone ("I have" may be "Uh-huh."). None when every word is a listener word (nothing
+    to weigh) or the text is long (a turn)."""
     words = words_of(text)
     other = _first_other(words)
     if other is None or len(words) > 2 * MAX_BACKCHANNEL_WORDS:
@@ -160,7 +161,8 @@ def listener_readings(text: str) -> list[str]:
         return alone
     sep = " " if head[-1] in ".!?," else ", "
     lower = head[-1] not in ".!?"
-    after = [head + sep + (r[0].lower() + r[1:] if lower and not r.startswith("I ") else r) + "." for r in LISTENER_READINGS]
+    after = [head + sep + (r[0].lower() + r[1:] if lower and not r.startswith("I ") else r) + "."
+             for r in LISTENER_READINGS]
     return after + alone
 
 
