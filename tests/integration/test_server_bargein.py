@@ -86,7 +86,9 @@ async def test_barge_in_cancels_answer_then_truncate_and_cancel(live_server, spe
             "transcription": {"model": "whisper-1"},
             "turn_detection": {"type": "server_vad", "silence_duration_ms": 500, "interrupt_response": True}}}}})
         await rt.until("session.updated")
-        r1, item1 = await rt.ask_long()
+        # several sentences: the answer must still be generating when the speech over it is decided to be an
+        # interruption (~0.5 s of it, while one sentence can be generated whole in ~0.8 s)
+        r1, item1 = await rt.ask_long({"max_output_tokens": 96})
 
         async def talk() -> None:  # the user talks over the answer, at about twice real time
             for chunk in speech:
