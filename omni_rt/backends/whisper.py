@@ -153,8 +153,7 @@ class FasterWhisperASR:
         probs = []
         for step in range(start, end + 1):
             lg = np.asarray(logits[step], dtype=np.float64).reshape(-1)
-            e = np.exp(lg - lg.max())
-            probs.append(float(e[ids[step]] / e.sum()))
+            probs.append(float(np.exp(lg[ids[step]] - _logsumexp(lg))))
         return min(probs)
 
     def transcribe_brief(self, audio: np.ndarray, max_new_tokens: int = 16,
@@ -173,9 +172,8 @@ class FasterWhisperASR:
         scored text costs one teacher-forced decoder pass, ~8 ms on tiny.en)."""
         raw = self._features(audio)
         window = int(min(3000, max(self.brief_window_s * 100, raw.shape[-1] + 100)))
-        audio = _check_audio(audio)
         enc, results = self._generate([raw], window, max_new_tokens, logits=readings is not None)
-        (text, _), = self._texts([audio], results, scored=False)
+        (text, _), = self._texts([_check_audio(audio)], results, scored=False)
         if readings is None or not text:
             return text, None
         options = [o for o in dict.fromkeys(readings(text)) if o.strip() and o.strip() != text]
@@ -244,6 +242,7 @@ class FasterWhisperASR:
 
 
 def _logsumexp(x: np.ndarray) -> float:
+    """log(sum(exp(x))) without overflow: a step's log-softmax normaliser."""
     m = float(x.max())
     return m + float(np.log(np.exp(x - m).sum()))
 
