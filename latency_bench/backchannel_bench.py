@@ -60,11 +60,22 @@ REPORT_BACKCHANNELS = ("Mm-hmm, okay.", "Yes, yes.", "Ah.", "Alright.", "Uh-huh,
 REPORT_INTERRUPTIONS = ("Wait, what?", "Stop, stop.", "No, no, no.", "Um, excuse me.", "Sorry to interrupt.",
                         "Yes, but how?", "Okay, and then what?", "Pause.", "Hmm, that's not right.",
                         "Tell me more about Rome.", "Why?", "Right, but what about Friday?")
+# a fifth set, written on 2026-12-07 (thirteenth sitting) after the fourth had been read for its failures and
+# before a larger list of listener phrases was tried: listener responses of everyday shapes, and interruptions
+# that begin with, or are, pieces of listener phrases ("Enough.", "Thanks, that's all.", "Sure, but when?")
+FIFTH_BACKCHANNELS = ("Uh-huh, sure.", "Yeah, that makes sense.", "Oh, nice.", "Mm, right.", "Sounds good.",
+                      "Oh, really?", "Thanks.", "Okay, cool.", "Absolutely.", "Yeah, I know.", "Oh my gosh.",
+                      "Hmm, interesting.")
+FIFTH_INTERRUPTIONS = ("Enough.", "Okay, that's enough.", "Thanks, that's all.", "Sure, but when?",
+                       "Good, now the weather.", "Really? Are you sure?", "Wait a minute.", "Hold on a sec.", "Mm, no.",
+                       "Next question.", "Louder, please.", "What did you say?")
 HALVES = {"tuning": (BACKCHANNELS, INTERRUPTIONS, 7), "held-out": (HELD_OUT_BACKCHANNELS, HELD_OUT_INTERRUPTIONS, 8),
           "fresh": (FRESH_BACKCHANNELS, FRESH_INTERRUPTIONS, 9),
-          "report": (REPORT_BACKCHANNELS, REPORT_INTERRUPTIONS, 10)}
+          "report": (REPORT_BACKCHANNELS, REPORT_INTERRUPTIONS, 10),
+          "fifth": (FIFTH_BACKCHANNELS, FIFTH_INTERRUPTIONS, 11)}
 HALF_CHOICES = {"tuning": ("tuning",), "held-out": ("held-out",), "fresh": ("fresh",), "report": ("report",),
-                "both": ("tuning", "held-out"), "looked-at": ("tuning", "held-out", "fresh"), "all": ("tuning", "held-out", "fresh", "report")}
+                "fifth": ("fifth",), "both": ("tuning", "held-out"), "looked-at": ("tuning", "held-out", "fresh", "report"),
+                "all": ("tuning", "held-out", "fresh", "report", "fifth")}
 VOICES = (("plain", 1.0, 0.0, 0.0, 0), ("fast+noise", 0.85, 0.667, 0.8, 11), ("slow+noise", 1.2, 0.667, 0.8, 23))
 
 
@@ -80,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decide an interruption only once two looks agree (default: interruption.CONFIRM_LOOKS)")
     p.add_argument("--half", choices=tuple(HALF_CHOICES), default="both",
                    help="which part of the set: the half the rule was tuned on, the held-out half, both (default), "
-                        "the fresh third set, the fourth (report) set, the three read for failures (looked-at) or all four")
+                        "the fresh third set, the fourth (report) set, the fifth, the four read for failures (looked-at) or all five")
     p.add_argument("--pause-ms", type=int, default=None,
                    help="silence after a run of listener words that ends the backchannel (default: interruption.PAUSE_MS)")
     p.add_argument("--doubt-after-hums", choices=("on", "off"), default=None,
