@@ -291,6 +291,10 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for kind in ("backchannel", "cough", "interruption"):
         rs = [r for r in rows if r["kind"] == kind]
         dec = [r["decision_ms"] for r in rs if r["outcome"] == "interruption"]
+        whole = [r["decision_ms"] for r in rs if r["outcome"] == "interruption" and not r.get("dropped")]
+        # a clip whose first part was dropped: from the onset (Silero's) of the part that barged in, by the stage
+        part = [r["stage_decision_ms"] for r in rs if r["outcome"] == "interruption" and r.get("dropped")
+                and r["stage_decision_ms"] is not None]
         drop = [r["decision_ms"] for r in rs if r["outcome"] == "backchannel"]
         summary[kind] = {"clips": len(rs), "interrupted": sum(r["outcome"] == "interruption" for r in rs),
                          "dropped": len(drop), "no_speech": sum(r["outcome"] == "no speech" for r in rs),
@@ -298,7 +302,9 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                          # a part dropped first ("Okay,"), then another part barged in ("stop"): late, not missed
                          "interrupted_after_a_drop": sum(r["outcome"] == "interruption" and bool(r.get("dropped")) for r in rs),
                          "onset_to_interruption_ms": {"p50": _pct(dec, 50), "p95": _pct(dec, 95), "max": max(dec) if dec else None},
-                         "onset_to_drop_ms": {"p50": _pct(drop, 50), "p95": _pct(drop, 95)}}
+                         "onset_to_drop_ms": {"p50": _pct(drop, 50), "p95": _pct(drop, 95)},
+                         "not_after_a_drop_onset_to_interruption_ms": {"p50": _pct(whole, 50), "p95": _pct(whole, 95)},
+                         "after_a_drop_part_onset_to_interruption_ms": {"p50": _pct(part, 50), "p95": _pct(part, 95)}}
     return summary
 
 

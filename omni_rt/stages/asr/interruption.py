@@ -7,13 +7,14 @@ held instead as a *candidate* (``Candidate``): the stage emits ``InterruptionCan
 playback pauses it; no client event), keeps the speech's audio and transcribes it with the session's own Whisper
 (the stage's decode queue) once ``FIRST_LOOK_MS`` of it is in, and again at a pause. ``decide`` then says:
 
-* ``interruption``: a word outside ``BACKCHANNEL_WORDS`` ("wait", "stop", "no", any question), or speech longer
-  than ``MAX_BACKCHANNEL_MS``. The stage emits the held ``SpeechStarted`` with its original onset and the turn goes
+* ``interruption``: a word outside the listener's words and phrases (``BACKCHANNEL_WORDS``,
+  ``BACKCHANNEL_PHRASES``: "wait", "stop", "no", "Enough." without "fair"), or speech longer than
+  ``MAX_BACKCHANNEL_MS``. The stage emits the held ``SpeechStarted`` with its original onset and the turn goes
   on exactly as a barge-in always did (cancel, truncate to what was heard, the new turn answered).
-* ``backchannel``: the sound paused after at most ``MAX_BACKCHANNEL_MS`` and every word heard is in the lexicon
-  ("mm-hm", "uh-huh", "yeah", "yes", "okay", "right", "sure", "I see", ...) or there are none (a cough, a laugh,
-  a breath: Whisper writes no words, or a bracketed sound tag). The stage drops the speech (no turn, no event to
-  the client) and emits ``BackchannelDropped``: a paused playback resumes.
+* ``backchannel``: the sound paused after at most ``MAX_BACKCHANNEL_MS`` and every word heard is a listener word
+  or part of a listener phrase ("mm-hm", "uh-huh", "yeah", "okay", "right", "I see", "makes sense", ...) or there
+  are none (a cough, a laugh, a breath: Whisper writes no words, or a bracketed sound tag). The stage drops the
+  speech (no turn, no event to the client) and emits ``BackchannelDropped``: a paused playback resumes.
 * ``undecided``: only lexicon words so far and the speech goes on: wait for a pause or more words.
 
 Why words from the ASR the preset already runs rather than an audio classifier: the difference between "yeah"
@@ -52,17 +53,29 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["AnswerPlayback", "BACKCHANNEL_WORDS", "CONFIRM_LOOKS", "Candidate", "FIRST_LOOK_MS", "LISTENER_READINGS",
-           "MAX_BACKCHANNEL_MS", "MAX_DECODES", "NEXT_LOOK_MS", "PAUSE_MS", "READING_MARGIN", "Verdict",
-           "begins_backchannel_word", "decide", "heard", "is_backchannel_word", "listener_readings", "words_of"]
+__all__ = ["AnswerPlayback", "BACKCHANNEL_PHRASES", "BACKCHANNEL_WORDS", "CONFIRM_LOOKS", "Candidate", "FIRST_LOOK_MS",
+           "LISTENER_READINGS", "MAX_BACKCHANNEL_MS", "MAX_DECODES", "NEXT_LOOK_MS", "PAUSE_MS", "READING_MARGIN",
+           "Verdict", "decide", "heard", "is_backchannel_word", "listener_readings", "words_of"]
 
-# the words a listener says without taking the turn, as Whisper writes them (hyphenated forms are split, so
-# "uh-huh" is "uh" + "huh"); "no" is not one: "no, I meant..." is the commonest correction
+# what a listener says without taking the turn, as Whisper writes it (hyphenated forms are split, so "uh-huh" is
+# "uh" + "huh"), drawn from two lists nobody here tuned: the most frequent backchannel, acknowledgement and
+# appreciation forms of the Switchboard dialogue-act corpus (SWBD-DAMSL) and the starter list of LiveKit Agents'
+# phrase filter (taken from production telephony agents). Single words are listener words anywhere in a run
+# ("yeah, okay, sure"); "no" is not one: "no, I meant..." is the commonest correction
 BACKCHANNEL_WORDS = frozenset({
     "mm", "mmm", "mhm", "mmhm", "mmhmm", "hm", "hmm", "m", "uh", "huh", "uhhuh", "um", "ah", "oh", "ooh", "aha",
-    "yeah", "yes", "yep", "yup", "ya", "ok", "okay", "alright", "right", "sure", "i", "see", "got", "it",
-    "cool", "nice", "wow", "great", "exactly", "indeed", "true", "totally", "know", "of", "course",
+    "yeah", "yes", "yep", "yup", "ya", "ok", "okay", "alright", "right", "sure", "gotcha", "thanks", "i",
+    "cool", "nice", "wow", "great", "good", "perfect", "exactly", "indeed", "true", "totally", "really",
+    "absolutely", "definitely", "interesting",
 })
+# ("i": tiny.en writes a cut "uh" as "I"; "I, uh, have a question" has other words) ... and phrases whose words are
+# a listener's only together: "Enough." and "Course." alone are not ("fair enough", "of course"). Not "that's
+# right" / "that's true": tiny.en reads "That's wrong." as "That's right." at a look
+BACKCHANNEL_PHRASES = frozenset({
+    ("i", "see"), ("i", "know"), ("i", "agree"), ("got", "it"), ("of", "course"), ("all", "right"),
+    ("makes", "sense"), ("sounds", "good"), ("thank", "you"), ("fair", "enough"),
+})
+_LONGEST_PHRASE = max(len(p) for p in BACKCHANNEL_PHRASES)
 # the longest speech a backchannel is ("oh okay", "yeah, right" spoken slowly last ~1.1 s); longer is a turn
 MAX_BACKCHANNEL_MS = 1200
 # speech heard before the first decode: the start of "wait" / "stop" / "no" is in by then, and the look that
@@ -89,7 +102,8 @@ MAX_BACKCHANNEL_WORDS = 4
 # is weighed against these (after the lexicon words it heard before that word) by Whisper's own scores
 LISTENER_READINGS = ("Yeah", "Yes", "Yep", "Okay", "Right", "Sure", "I see", "Uh-huh", "Mm-hmm", "Hmm", "Mmm", "Oh",
                      "Ah", "Oh, okay", "Got it", "Wow", "Nice", "Exactly", "True", "I know", "Of course", "Cool",
-                     "Alright", "Great", "Totally", "Um", "Uh")
+                     "Alright", "Great", "Totally", "Um", "Uh", "Gotcha", "Thanks", "Thank you", "Makes sense",
+                     "Sounds good", "Fair enough", "Really", "Absolutely", "Interesting")
 # a listener reading at most this much less likely than the text heard (natural log: ~7x) is believed instead
 READING_MARGIN = 2.0
 
@@ -104,37 +118,80 @@ Verdict = Literal["interruption", "backchannel", "undecided"]
 
 
 def words_of(text: str) -> list[str]:
-    """Whisper's text as lower-case words, sound tags dropped, hyphenated words split, repeats in a row merged
-    (tiny.en writes a hum as "M. M. M. ...")."""
+    """Whisper's text as lower-case words, sound tags dropped, hyphenated words split, and repeats in a row merged:
+    a word's (tiny.en writes a hum as "M. M. M. ...") and a phrase's of up to three words (a decode looping on a
+    short response: "Fair enough. Fair enough. Fair enough.")."""
     out: list[str] = []
     for w in _WORD.findall(_TAGS.sub(" ", text).lower().replace("-", " ")):
         w = w.strip("'")
-        if w and (not out or out[-1] != w):
-            out.append(w)
+        if not w or (out and out[-1] == w):
+            continue
+        out.append(w)
+        for n in (2, 3):
+            if len(out) >= 2 * n and out[-n:] == out[-2 * n:-n]:
+                del out[-n:]
+                break
     return out
 
 
 def is_backchannel_word(word: str) -> bool:
-    """A word of ``words_of`` that a listener says without taking the turn."""
+    """A word of ``words_of`` that a listener says without taking the turn, alone or in a run of them."""
     return word in BACKCHANNEL_WORDS or _SOUNDS.fullmatch(word) is not None
 
 
-def begins_backchannel_word(word: str) -> bool:
-    """``word`` is the start of a lexicon word, as a decode cut mid-word writes it ("exact", "ye", "alr")."""
-    return any(b.startswith(word) for b in BACKCHANNEL_WORDS)
+def _phrase_at(words: list[str], i: int) -> int:
+    """How many words from ``i`` on make one listener unit (a listener word, or the longest listener phrase that
+    starts there); 0 when none does."""
+    for n in range(min(_LONGEST_PHRASE, len(words) - i), 1, -1):
+        if tuple(words[i:i + n]) in BACKCHANNEL_PHRASES:
+            return n
+    return 1 if is_backchannel_word(words[i]) else 0
 
 
-def _first_other(words: list[str]) -> int | None:
-    """The index of the first word outside the lexicon."""
-    return next((i for i, w in enumerate(words) if not is_backchannel_word(w)), None)
+def _begins_unit(rest: list[str]) -> bool:
+    """``rest`` (the text's last words, the very last perhaps cut mid-way by the decode) is the start of a listener
+    unit still being said: "Exact" of "Exactly", "Fair en" or "Fair" of "Fair enough"."""
+    units = [(w,) for w in BACKCHANNEL_WORDS] + list(BACKCHANNEL_PHRASES)
+    k = len(rest) - 1
+    return any(len(u) > k and tuple(rest[:k]) == u[:k] and u[k].startswith(rest[k]) and tuple(rest) != u for u in units)
+
+
+def _first_other(words: list[str], going_on: bool = False) -> int | None:
+    """The index of the first word outside every listener unit, reading left to right. ``going_on`` (the speech
+    has not paused): the decode cut the last word, so it says nothing after a listener unit ("Oh, oak" of "Oh,
+    okay"), and a unit being said at the end is not yet outside ("Exact", "Fair en"); a started phrase the cut
+    word does not go on ("Fair in") is."""
+    i = 0
+    while i < len(words):
+        n = _phrase_at(words, i)
+        if n:
+            i += n
+            continue
+        rest = words[i:]
+        if going_on and ((len(rest) == 1 and i > 0) or _begins_unit(rest)):
+            return None
+        return i
+    return None
+
+
+def _opens_phrase(word: str) -> bool:
+    """``word`` is the first word of a listener phrase ("fair", "makes", "thank")."""
+    return any(p[0] == word for p in BACKCHANNEL_PHRASES)
+
+
+def _deciding(words: list[str], other: int) -> int:
+    """Where the word that makes the text an interruption is: the word outside the units at ``other``, or, when
+    that word only opens a phrase the text did not go on with ("Fair in"), the word after it."""
+    return other + 1 if _opens_phrase(words[other]) and other + 1 < len(words) else other
 
 
 def _in_doubt(words: list[str], other: int | None) -> bool:
-    """The first word outside the lexicon (at ``other``) is one a single look may have misread: nothing after it
-    says it was heard right (the look's last word), or nothing but hums comes before it (``DOUBT_AFTER_HUMS``)."""
+    """The word that makes the text an interruption (``_deciding``) is one a single look may have misread: nothing
+    after it says it was heard right (the look's last word), or nothing but hums comes before it
+    (``DOUBT_AFTER_HUMS``)."""
     if other is None:
         return False
-    if other == len(words) - 1:
+    if _deciding(words, other) == len(words) - 1:
         return True
     return DOUBT_AFTER_HUMS and other > 0 and all(_HUMS.fullmatch(w) for w in words[:other])
 
@@ -167,10 +224,13 @@ def listener_readings(text: str) -> list[str]:
 
 
 def confirmed(words: list[str], earlier: list[str]) -> bool:
-    """The earlier look heard the same first word outside the lexicon at the same place (or its start: the earlier
-    decode cut it): two looks of the same speech agree on what makes it an interruption."""
-    i = _first_other(words)
-    if i is None or i >= len(earlier):
+    """The earlier look heard the same word that makes the text an interruption (``_deciding``) at the same place
+    (or its start: the earlier decode cut it): two looks of the same speech agree on it."""
+    other = _first_other(words)
+    if other is None:
+        return False
+    i = _deciding(words, other)
+    if i >= len(earlier):
         return False
     return earlier[i] == words[i] or (len(earlier[i]) >= 2 and words[i].startswith(earlier[i]))
 
@@ -199,14 +259,12 @@ def decide(text: str | None, speech_ms: float, paused: bool, earlier: str | None
     words = words_of(text)
     if len(words) > MAX_BACKCHANNEL_WORDS:
         return "interruption"
-    cut = not paused and words and (len(words) >= 2 or begins_backchannel_word(words[-1]))
-    heard = words[:-1] if cut else words
-    if not all(is_backchannel_word(w) for w in heard):
-        other = _first_other(words)
-        if confirm and not paused and _in_doubt(words, other) and not confirmed(words, words_of(earlier or "")):
-            return "undecided"
-        return "interruption"
-    return "backchannel" if paused else "undecided"
+    other = _first_other(words, going_on=not paused)
+    if other is None:
+        return "backchannel" if paused else "undecided"
+    if confirm and not paused and _in_doubt(words, other) and not confirmed(words, words_of(earlier or "")):
+        return "undecided"
+    return "interruption"
 
 
 @dataclass

@@ -80,6 +80,8 @@ def test_words_of_drops_tags_splits_hyphens_and_merges_repeats() -> None:
     assert words_of("Uh-huh.") == ["uh", "huh"]
     assert words_of("[coughing] (laughs) *sigh*") == []
     assert words_of("M. M. M. M.") == ["m"]
+    assert words_of("Fair enough. Fair enough. Fair enough.") == ["fair", "enough"]  # a decode's loop
+    assert words_of("sounds good sounds good sounds") == ["sounds", "good", "sounds"]
     assert all(is_backchannel_word(w) for w in ("mmmm", "hmm", "mhm", "uhh", "haha", "okay", "yeah"))
     assert not any(is_backchannel_word(w) for w in ("no", "wait", "stop", "what", "him", "and"))
     assert words_of("Wait, stop. What time is it?") == ["wait", "stop", "what", "time", "is", "it"]
@@ -132,6 +134,28 @@ def test_words_after_a_hum_need_two_looks() -> None:
     # not after an open-mouth filler or a lexicon word, which tiny.en reads reliably
     assert decide("Oh, wait a", 300, paused=False, confirm=True) == "interruption"
     assert decide("Yeah, but why", 300, paused=False, confirm=True) == "interruption"
+
+
+def test_listener_phrases_count_only_whole() -> None:
+    """Words a listener says only together ("fair enough", "of course", "I see", "thank you") are a backchannel
+    whole; a piece alone, or a phrase's first word followed by something else, is a turn ("Enough.", "Course.",
+    "Thanks, that's all.")."""
+    for text in ("Fair enough.", "Of course.", "Yeah, I see.", "Makes sense.", "Thank you.", "Sounds good.",
+                 "Gotcha.", "Oh, really?", "Absolutely.", "All right.", "Hmm, interesting.", "Okay, thanks."):
+        assert decide(text, 600, paused=True) == "backchannel", text
+    for text in ("Enough.", "Course.", "Of.", "Sense.", "Thanks, that's all.", "Good, now the weather.", "Sure, but when?",
+                 "Mm, no.", "That's wrong.", "Thank God.", "I have a question."):
+        assert decide(text, 600, paused=True) == "interruption", text
+    # while the speech goes on, a phrase being said is not yet a turn; one the cut word does not go on with is
+    assert decide("Fair en", 300, paused=False) == "undecided"
+    assert decide("Fair", 300, paused=False) == "undecided"
+    assert decide("Yeah, I s", 400, paused=False) == "undecided"
+    assert decide("Thanks, that's all", 500, paused=False) == "interruption"
+    # ... in doubt when a cut word is all that says so: two looks must agree on that word
+    assert decide("Fair in", 400, paused=False, confirm=True) == "undecided"
+    assert decide("Fair in", 500, paused=False, earlier="Fair", confirm=True) == "undecided"
+    assert decide("Fair in the", 600, paused=False, earlier="Fair in", confirm=True) == "interruption"
+    assert decide("Thanks, that's all", 600, paused=False, confirm=True) == "interruption"  # a word after "that's"
 
 
 def test_listener_readings_keep_the_listener_words_heard_first() -> None:
