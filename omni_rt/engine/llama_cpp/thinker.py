@@ -258,7 +258,9 @@ class LlamaCppThinker(RemoteThinker):
 
         Why: a new session takes a slot that holds no other session's conversation (``_free_slots_by_cost``),
         on a fresh server an empty one, where its first turn used to prefill the system prompt itself (~55
-        tokens, ~300 ms on one thread) on its critical path."""
+        tokens, ~300 ms on one thread) on its critical path. It stops at the first request in flight: llama-server
+        batches every busy slot together, so each further warm-up would slow that request's every token (~8 slots
+        of 0.2-0.6 s each on a 2-core box), while a later session's first turn only prefills its own ~55 tokens."""
         if self.tokenizer is None or not instructions:
             return 0
         # the empty user turn only closes the template: a real first turn shares everything up to its words
@@ -267,6 +269,8 @@ class LlamaCppThinker(RemoteThinker):
         warmed = 0
         with httpx.Client(timeout=self._timeout, headers=self._headers) as client:
             for slot in range(self.server.parallel):
+                if self._slot_of:  # traffic has come: warm no more
+                    break
                 if slot in self._used_slots:  # a request got there first: its own prompt is there
                     continue
                 self._used_slots.add(slot)  # before the request: a new session may now pick it, queued behind this
