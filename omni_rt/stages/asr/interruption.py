@@ -76,6 +76,8 @@ BACKCHANNEL_PHRASES = frozenset({
     ("makes", "sense"), ("sounds", "good"), ("thank", "you"), ("fair", "enough"),
 })
 _LONGEST_PHRASE = max(len(p) for p in BACKCHANNEL_PHRASES)
+_UNITS = tuple((w,) for w in BACKCHANNEL_WORDS) + tuple(BACKCHANNEL_PHRASES)  # every listener unit, as word tuples
+_PHRASE_OPENERS = frozenset(p[0] for p in BACKCHANNEL_PHRASES)
 # the longest speech a backchannel is ("oh okay", "yeah, right" spoken slowly last ~1.1 s); longer is a turn
 MAX_BACKCHANNEL_MS = 1200
 # speech heard before the first decode: the start of "wait" / "stop" / "no" is in by then, and the look that
@@ -151,9 +153,8 @@ def _phrase_at(words: list[str], i: int) -> int:
 def _begins_unit(rest: list[str]) -> bool:
     """``rest`` (the text's last words, the very last perhaps cut mid-way by the decode) is the start of a listener
     unit still being said: "Exact" of "Exactly", "Fair en" or "Fair" of "Fair enough"."""
-    units = [(w,) for w in BACKCHANNEL_WORDS] + list(BACKCHANNEL_PHRASES)
     k = len(rest) - 1
-    return any(len(u) > k and tuple(rest[:k]) == u[:k] and u[k].startswith(rest[k]) and tuple(rest) != u for u in units)
+    return any(len(u) > k and tuple(rest[:k]) == u[:k] and u[k].startswith(rest[k]) and tuple(rest) != u for u in _UNITS)
 
 
 def _first_other(words: list[str], going_on: bool = False) -> int | None:
@@ -174,15 +175,10 @@ def _first_other(words: list[str], going_on: bool = False) -> int | None:
     return None
 
 
-def _opens_phrase(word: str) -> bool:
-    """``word`` is the first word of a listener phrase ("fair", "makes", "thank")."""
-    return any(p[0] == word for p in BACKCHANNEL_PHRASES)
-
-
 def _deciding(words: list[str], other: int) -> int:
     """Where the word that makes the text an interruption is: the word outside the units at ``other``, or, when
     that word only opens a phrase the text did not go on with ("Fair in"), the word after it."""
-    return other + 1 if _opens_phrase(words[other]) and other + 1 < len(words) else other
+    return other + 1 if words[other] in _PHRASE_OPENERS and other + 1 < len(words) else other
 
 
 def _in_doubt(words: list[str], other: int | None) -> bool:
