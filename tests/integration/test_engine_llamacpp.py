@@ -123,14 +123,19 @@ def test_an_answer_the_policy_cut_short_still_reports_its_cached_prompt(sched):
 def test_warmed_slots_give_a_fresh_servers_first_turns_their_system_prompt(binary):
     """The server prefills its default instructions into the unused slots at start: the first turns of new
     sessions then find the system prompt cached (each takes a slot no other session holds), and a slot a
-    request already used is left alone."""
+    request already used is left alone. While a request is in flight it warms nothing (llama-server would batch
+    every warm-up with that request's tokens)."""
     from omni_rt.realtime.session_config import SessionConfig
 
     instructions = SessionConfig().instructions
-    s = create_ar_scheduler("smollm2", backend="llama.cpp", max_batch_size=3, kv_budget_tokens=3072,
+    s = create_ar_scheduler("smollm2", backend="llama.cpp", max_batch_size=4, kv_budget_tokens=4096,
                             cpu_threads=1, default_max_tokens=8)
     s.start()
     try:
+        send(s, "story", {"messages": _q("Tell me a long story about a dragon."), "session_id": "story", "max_tokens": 96})
+        assert wait_until(lambda: _busy_slots(s) == 1, timeout=30)
+        assert s.warm_system_prompt(instructions) == 0
+        assert collect(s, ["story"], timeout=60)["story"]["error"] is None
         terse = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi?"}]
         first = _ask(s, "w0", terse, session_id="early")
         assert first["result"]["cached_tokens"] == 0, first["result"]  # before the warm: an empty slot
