@@ -53,12 +53,14 @@ def as_dict(ev: Any) -> dict[str, Any]:
 
 def run_stream(sched: Any, sid: str, td: dict[str, Any] | None, audio: np.ndarray, until: str = "transcript.final",
                realtime: bool = True, settle_s: float = 20.0, hold_at: int | None = None,
-               ops: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+               ops: tuple[Any, ...] = (), settled: Any = None) -> list[dict[str, Any]]:
     """Open a session, append ``audio`` in 20 ms chunks (at real time), then collect its events up to the last ``until``.
 
     ``hold_at``: once that many samples are in, hold the audio until the turn model's verdict arrives, as if it
     scored instantly: the decision logic is tested here, its timing on a shared machine in latency_bench.
-    ``ops``: session ops sent right after the open (e.g. ``AnswerStarted``: an answer is being heard)."""
+    ``ops``: session ops sent right after the open (e.g. ``AnswerStarted``: an answer is being heard).
+    ``settled``: once the audio is in, stop waiting as soon as it says the events are complete (default: one
+    ``until`` per ``speech_stopped``, at least one); ``settle_s`` bounds the wait either way."""
     events: list[dict[str, Any]] = []
 
     def drain(block_s: float = 0.0) -> None:
@@ -90,8 +92,10 @@ def run_stream(sched: Any, sid: str, td: dict[str, Any] | None, audio: np.ndarra
                 drain(0.05)
             t0 += time.perf_counter() - held
     deadline = time.monotonic() + settle_s
-    n_stops = sum(e["type"] == "speech_stopped" for e in events)
-    while time.monotonic() < deadline and sum(e["type"] == until for e in events) < max(1, n_stops):
+    if settled is None:
+        def settled(evs: list[dict[str, Any]]) -> bool:
+            return len(of(evs, until)) >= max(1, len(of(evs, "speech_stopped")))
+    while time.monotonic() < deadline and not settled(events):
         drain(0.1)
     sched.inbox.put(IncomingMessage(sid, "stream_done"))
     time.sleep(0.05)

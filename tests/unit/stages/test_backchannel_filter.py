@@ -69,8 +69,16 @@ def cough(seed: int = 3) -> np.ndarray:
 
 
 def over_answer(sched, sid: str, audio: np.ndarray, td: dict | None = None) -> list[dict]:
-    """``audio`` spoken while an answer is being heard (its first audio just went out, it is still streaming)."""
-    return run_stream(sched, sid, td if td is not None else {"type": "server_vad"}, audio, ops=(AnswerStarted(),), settle_s=8.0)
+    """``audio`` spoken while an answer is being heard (its first audio just went out, it is still streaming);
+    the events once something was heard, every held start has its verdict (dropped or barged in) and every turn
+    its transcript."""
+    def settled(events: list[dict]) -> bool:
+        held, stops = len(of(events, "interruption.candidate")), len(of(events, "speech_stopped"))
+        verdicts = len(of(events, "backchannel.dropped")) + len(of(events, "speech_started"))
+        return max(held, stops) >= 1 and verdicts >= held and len(of(events, "transcript.final")) >= stops
+
+    return run_stream(sched, sid, td if td is not None else {"type": "server_vad"}, audio, ops=(AnswerStarted(),),
+                      settle_s=8.0, settled=settled)
 
 
 # ---------------------------------------------------------------- the rule, on Whisper's text
