@@ -98,7 +98,7 @@ async def _long_session(server, turns: int) -> None:
 
 @pytest.mark.skipif(locate_binary() is None, reason="llama-server not built (python -m omni_rt.engine.llama_cpp build)")
 async def test_long_session_of_big_turns_stays_answered_on_llama_cpp(live_server):
-    await _long_session(live_server, turns=8)
+    await _long_session(live_server, turns=4)
     history = httpx.get(f"{live_server.http_url}/debug/state", timeout=10).json()["cache"]["thinker"]["history"]
     assert history["context_tokens"] == 1024, history  # llama-server's own slot n_ctx (/props): per-slot KV
 
@@ -232,4 +232,4 @@ def torch_server(tmp_path_factory):
 
 
 async def test_long_session_of_big_turns_stays_answered_on_the_builtin_engine(torch_server):
-    await _long_session(torch_server, turns=6)
+    await _long_session(torch_server, turns=4)
