@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -53,7 +54,7 @@ def as_dict(ev: Any) -> dict[str, Any]:
 
 def run_stream(sched: Any, sid: str, td: dict[str, Any] | None, audio: np.ndarray, until: str = "transcript.final",
                realtime: bool = True, settle_s: float = 20.0, hold_at: int | None = None,
-               ops: tuple[Any, ...] = (), settled: Any = None) -> list[dict[str, Any]]:
+               ops: tuple[Any, ...] = (), settled: Callable[[list[dict[str, Any]]], bool] | None = None) -> list[dict[str, Any]]:
     """Open a session, append ``audio`` in 20 ms chunks (at real time), then collect its events up to the last ``until``.
 
     ``hold_at``: once that many samples are in, hold the audio until the turn model's verdict arrives, as if it

