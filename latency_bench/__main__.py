@@ -41,6 +41,7 @@ STAGE_PARTS: dict[str, tuple[str, str]] = {
     "overhead": ("latency_bench.pipeline_overhead", "the pipeline runtime's own cost: per hop, and a lone request's wait"),
     "noise": ("latency_bench.noise_bench", "noise reduction (RNNoise): CPU per stream, delay, Whisper accuracy in noise"),
     "backchannel": ("latency_bench.backchannel_bench", "backchannels vs interruptions over a heard answer: rates, onset -> decision"),
+    "listener-probe": ("latency_bench.listener_probe", "does Whisper's encoder hear a listener's sound: a probe fitted on a synthetic corpus, AUC on the backchannel sets"),
 }
 # options that say where files go, not what is measured: left out of the command a report shows
 _NOT_SHOWN = ("--log-dir", "--out", "--png", "--note")
