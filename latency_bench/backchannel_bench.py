@@ -144,11 +144,18 @@ def clips(n_coughs: int, halves: tuple[str, ...] = ("tuning",)) -> list[dict[str
         out += [{"half": half, "kind": "cough", "text": f"cough {i}", "voice": "-", "audio": cough(rng)}
                 for i in range(n_coughs)]
     for c in out:  # Piper's own leading near-silence: the onset is the first loud 10 ms
-        a = c["audio"]
-        n = a.size // 160
-        rms = np.sqrt(np.mean(a[: n * 160].reshape(n, 160) ** 2, axis=1))
-        c["onset"] = int(np.flatnonzero(rms > 0.02 * rms.max())[0]) * 160
+        c["onset"] = loud_onset(c["audio"])
     return out
+
+
+def loud_onset(audio: np.ndarray) -> int:
+    """The sample where the sound begins: the first 10 ms at least 2% of the loudest 10 ms's RMS (0 if none)."""
+    n = audio.size // 160
+    if n == 0:
+        return 0
+    rms = np.sqrt(np.mean(np.asarray(audio[: n * 160], dtype=np.float64).reshape(n, 160) ** 2, axis=1))
+    loud = np.flatnonzero(rms > 0.02 * rms.max())
+    return int(loud[0]) * 160 if loud.size else 0
 
 
 def run_clip(sched: Any, sid: str, clip: dict[str, Any]) -> dict[str, Any]:

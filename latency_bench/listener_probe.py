@@ -68,18 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=OUT)
 
 
-def speech_start(audio: np.ndarray) -> int:
-    """The sample where the speech begins: the first 10 ms at least 2% of the loudest 10 ms's RMS."""
-    n = audio.size // 160
-    rms = np.sqrt(np.mean(np.asarray(audio[: n * 160], dtype=np.float64).reshape(n, 160) ** 2, axis=1))
-    loud = np.flatnonzero(rms > 0.02 * rms.max()) if n else np.array([], dtype=np.int64)
-    return int(loud[0]) * 160 if loud.size else 0
-
-
 def pooled(encoder_frames: np.ndarray, audio: np.ndarray) -> np.ndarray:
     """The probe's features: the encoder frames (one per 20 ms) over the speech in ``audio``, as their mean,
     their maximum and the mean of the last 10 (the word being said at the look's end)."""
-    start = speech_start(audio) // 320
+    start = bench.loud_onset(audio) // 320
     end = max(start + 1, min(encoder_frames.shape[0], -(-audio.size // 320)))
     span = np.asarray(encoder_frames[start:end], dtype=np.float32)
     return np.concatenate([span.mean(0), span.max(0), span[-10:].mean(0)])
@@ -123,7 +115,7 @@ def look_features(asr: Any, clip: dict[str, Any]) -> list[tuple[int, np.ndarray]
     from faster_whisper.audio import pad_or_trim
 
     audio = clip["audio"]
-    speech = audio[speech_start(audio):]
+    speech = audio[bench.loud_onset(audio):]
     padded = np.concatenate([np.zeros(PRE_MS * SR // 1000, np.float32), speech])
     out = []
     for cut in CUTS_MS:
