@@ -6,6 +6,7 @@ Backends are imported lazily so that importing this module never pulls in httpx 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from pathlib import Path
 from typing import Any, Literal
@@ -115,7 +116,7 @@ def create_ar_scheduler(
                 name=name,
                 # a .gguf carries its tokenizer (load_tokenizer reads it), for a preset's `model: FILE.gguf` too:
                 # without one a thinker has no token counts, so no history window, language bias or prefill hints
-                tokenizer=_try_tokenizer(tokenizer or str(model)),
+                tokenizer_loader=functools.partial(_try_tokenizer, tokenizer or str(model)),
                 default_max_tokens=default_max_tokens,
                 history_tokens=history_tokens,
                 conversation_tokens=conversation_tokens,

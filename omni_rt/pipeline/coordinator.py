@@ -119,18 +119,27 @@ class Coordinator:
         for st in config.stages:
             for target in st.stream_to:
                 stream_sources[target].append(st.name)
-        for st in config.stages:
-            routing = compile_routing(st)
-            sched = schedulers.get(st.name) or build_scheduler(st)
-            self.stages[st.name] = Stage(st.name, sched, routing)
-        for st in config.stages:
-            for target in st.stream_to:
-                if not self.stages[target].scheduler.accepts_streams:
-                    raise ConfigError(
-                        st.name, "stream_to", f"target '{target}' cannot accept streams (its scheduler has no stream hooks)"
-                    )
-            if stream_sources[st.name]:
-                self.stages[st.name].scheduler.set_stream_sources(stream_sources[st.name])
+        built: list[Any] = []
+        try:
+            for st in config.stages:
+                routing = compile_routing(st)
+                sched = schedulers.get(st.name)
+                if sched is None:
+                    sched = build_scheduler(st)
+                    built.append(sched)
+                self.stages[st.name] = Stage(st.name, sched, routing)
+            for st in config.stages:
+                for target in st.stream_to:
+                    if not self.stages[target].scheduler.accepts_streams:
+                        raise ConfigError(
+                            st.name, "stream_to", f"target '{target}' cannot accept streams (its scheduler has no stream hooks)"
+                        )
+                if stream_sources[st.name]:
+                    self.stages[st.name].scheduler.set_stream_sources(stream_sources[st.name])
+        except BaseException:
+            for sched in built:  # a built stage may already hold a process (llama.cpp launches at build)
+                sched.stop()
+            raise
         for stage in self.stages.values():
             stage.coordinator = self
             stage.peers = self.stages

@@ -162,6 +162,7 @@ def serve(settings: ServerSettings, log_level: str = "info") -> None:
     guard = ConnectionGuard(header_timeout_s=settings.connect_timeout_s, max_sessions=settings.max_sessions,
                             configured_cap=settings.max_connections, on_event=count)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, ws_max_size=settings.max_message_bytes,
+                            ws_ping_interval=settings.ping_interval_s, ws_ping_timeout=settings.ping_interval_s,
                             log_level=log_level, timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
                             timeout_keep_alive=settings.connect_timeout_s, backlog=accept_backlog(file_limit()),
                             http=functools.partial(GuardedHttpProtocol, guard=guard))  # type: ignore[arg-type]

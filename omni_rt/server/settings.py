@@ -44,6 +44,9 @@ class ServerSettings(BaseSettings):
                                      "once (the preset's asr stage 'backchannel_filter' turns it off too)")
     send_timeout_s: float = Field(10.0, gt=0, description="a client whose socket accepts nothing for this long is "
                                   "closed (1008) and its answer freed")
+    ping_interval_s: float = Field(20.0, gt=0, description="WebSocket keepalive: the server pings every client "
+                                   "this often and closes (1011) one that has not answered within as long again "
+                                   "(a vanished peer, or one that stopped reading before its socket filled)")
     max_outgoing_bytes: int = Field(16 * 1024 * 1024, ge=65536, description="cap on events queued for one client")
     max_connections: int | None = Field(None, ge=2, description="connections held at once (HTTP + WebSocket); "
                                         "default: derived from the file limit (RLIMIT_NOFILE) after the descriptors "

@@ -91,7 +91,7 @@ def test_silent_sockets_are_reaped(live_server):
 @pytest.fixture(scope="module")
 def drain_server(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("drain"), "--max-sessions", "4", "--api-key", KEY,
-                          "--shutdown-grace-s", "1", env={"OMNI_RT_SEND_TIMEOUT_S": "2"})
+                          "--shutdown-grace-s", "1", env={"OMNI_RT_SEND_TIMEOUT_S": "2", "OMNI_RT_PING_INTERVAL_S": "2"})
     yield server
     stop_server(server)
 
@@ -102,9 +102,9 @@ def test_slow_reader_is_closed_with_a_reason_and_freed(drain_server):
                                      ping_interval=None)
         await recv_json(ws)
         ws.transport.pause_reading()  # stop reading: the server's sends back up
-        for _ in range(20):
+        for _ in range(20):  # ~600 tokens each, under the thinker's limit for one item
             await ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
-                                      "content": [{"type": "input_text", "text": "Tell me a long story. " * 200}]}}))
+                                      "content": [{"type": "input_text", "text": "Tell me a long story. " * 100}]}}))
         await ws.send(json.dumps({"type": "response.create"}))
         t0 = time.time()
         while drain_server.state()["sessions"] and time.time() - t0 < 60:
@@ -115,12 +115,13 @@ def test_slow_reader_is_closed_with_a_reason_and_freed(drain_server):
                 await asyncio.wait_for(ws.recv(), 10)
         return closed.value.rcvd, time.time() - t0
     rcvd, waited = asyncio.run(go())
-    # Loopback socket buffers hold megabytes, so which check fires first varies: the server's send timeout
-    # (1008 "client is not reading"; its close frame may not get through a full TCP window) or the WebSocket
-    # keepalive (1011 "keepalive ping timeout"). Either way the session is closed with a reason and freed.
+    # Loopback socket buffers hold megabytes (more than this answer), so which check fires first varies: the
+    # server's send timeout (1008 "client is not reading"; its close frame may not get through a full TCP window)
+    # or the WebSocket keepalive (1011 "keepalive ping timeout", 2 + 2 s here). Either way the session is closed
+    # with a reason and freed.
     assert rcvd is None or (rcvd.code == 1008 and "not reading" in rcvd.reason) or (
         rcvd.code == 1011 and "ping timeout" in rcvd.reason), rcvd
-    assert waited < 60
+    assert waited < 30
     assert drain_server.wait_idle(timeout=30)["total"] == 0
 
 

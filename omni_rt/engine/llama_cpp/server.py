@@ -155,8 +155,9 @@ class LlamaServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self._ready.is_set()
 
-    def start(self) -> None:
-        """Spawn and wait until ``/health`` answers 200; raises RuntimeError if it cannot come up."""
+    def launch(self) -> None:
+        """Spawn the server under its supervisor and return at once: the model loads in its own process while
+        the caller goes on (the pipeline builds its other stages meanwhile); ``start`` waits for it."""
         if self._thread is not None:
             return
         self._stop.clear()  # a stopped server may be started again
@@ -165,6 +166,13 @@ class LlamaServer:
         _prune_logs(self.log_path.parent, keep=20)
         self._thread = threading.Thread(target=self._supervise, name="llama-server-supervisor", daemon=True)
         self._thread.start()
+
+    def start(self) -> None:
+        """Launch (unless launched) and wait until ``/health`` answers 200; raises RuntimeError if it cannot
+        come up."""
+        if self._ready.is_set():
+            return
+        self.launch()
         deadline = time.monotonic() + self.ready_timeout_s + 5
         while not self._ready.wait(0.05):
             if self._failed or time.monotonic() > deadline:

@@ -515,11 +515,21 @@ def create_llama_cpp_thinker(
     *,
     name: str = "thinker",
     tokenizer: Any = None,
+    tokenizer_loader: Callable[[], Any] | None = None,
     default_max_tokens: int = 256,
     history_tokens: int | None = None,
     **remote_kwargs: Any,
 ):
-    """A not-yet-started scheduler; ``start()`` launches the server and waits for its health."""
+    """A not-yet-started scheduler whose server is already launched: the model loads in its own process while
+    this one builds the rest (``tokenizer_loader``, called after the launch, and the pipeline's other stages);
+    ``start()`` waits for its health, ``stop()`` ends it."""
     server = LlamaServer(binary, server_args)
-    return LlamaCppThinker(server, history_tokens=history_tokens, model="omni-rt-thinker", tokenizer=tokenizer,
-                             name=name, default_max_tokens=default_max_tokens, dialect="llama.cpp", **remote_kwargs)
+    server.launch()
+    try:
+        if tokenizer_loader is not None:
+            tokenizer = tokenizer_loader()
+        return LlamaCppThinker(server, history_tokens=history_tokens, model="omni-rt-thinker", tokenizer=tokenizer,
+                               name=name, default_max_tokens=default_max_tokens, dialect="llama.cpp", **remote_kwargs)
+    except BaseException:
+        server.stop()
+        raise

@@ -122,6 +122,18 @@ def test_factory_rejecting_args_names_stage_and_field():
     _assert_names(info, "a", "args", "bogus")
 
 
+def test_a_failed_build_stops_the_stages_built_before_it(monkeypatch):
+    """A stage may hold a process once built (llama.cpp launches its server at build): when a later stage fails
+    to build, the ones built before it are stopped, not left running."""
+    stopped: list[str] = []
+    monkeypatch.setattr(toy.SimpleScheduler, "stop", lambda self: stopped.append(self.name))
+    cfg = {"entry": "a", "stages": [stage("a", "create_identity", next="b"),
+                                    stage("b", "create_identity", terminal=True, args={"bogus": 1})]}
+    with pytest.raises(ConfigError):
+        Coordinator(PipelineConfig.model_validate(cfg))
+    assert len(stopped) == 1, stopped
+
+
 def test_stream_to_a_scheduler_without_stream_hooks_raises_at_build():
     cfg = {"entry": "a", "stages": [stage("a", "create_talker", next="b", stream_to="b"),
                                     stage("b", "create_identity", terminal=True)]}
