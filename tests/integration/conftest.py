@@ -2,7 +2,8 @@
 
 Each test here gets the ``integration`` marker (``python -m pytest -m "not integration"`` runs the unit tests
 alone; a test under tests/unit/ that runs a real model for seconds carries the marker in place), and
-``live_server``: the CPU-preset server most end-to-end tests talk to, one process per test session.
+``live_server``: the CPU-preset server most end-to-end tests talk to, one process per test session
+(``torch_server``: the same with the PyTorch thinker).
 """
 
 from __future__ import annotations
@@ -25,6 +26,24 @@ def pytest_collection_modifyitems(config, items):
 def live_server(tmp_path_factory):
     """The CPU-preset server every end-to-end test talks to (one process for the whole session)."""
     server = start_server(tmp_path_factory.mktemp("server"), "--max-sessions", "8")
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def torch_server(tmp_path_factory):
+    """The CPU preset with the built-in PyTorch thinker instead of llama.cpp (everything else the same), one
+    process for the session: what its grammar-constrained tool calls, the Agents SDK on both engines and its
+    history window are tested on."""
+    import yaml
+
+    from omni_rt.resources import preset_dir
+
+    tmp = tmp_path_factory.mktemp("torch-server")
+    preset = yaml.safe_load((preset_dir() / "cpu.yaml").read_text())
+    next(st for st in preset["stages"] if st["name"] == "thinker")["args"]["backend"] = "torch"
+    (tmp / "cpu-torch.yaml").write_text(yaml.safe_dump(preset))
+    server = start_server(tmp, "--preset", str(tmp / "cpu-torch.yaml"), "--max-sessions", "4")
     yield server
     stop_server(server)
 

@@ -8,12 +8,9 @@ Every server event the SDK receives is validated against openai-python's ``Realt
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
-from servers import start_server, stop_server
 from rt_helpers import speech_with_silence, validate_event
 
 from omni_rt.audio.pcm import float_to_pcm16
@@ -25,7 +22,6 @@ from agents.realtime.model_inputs import RealtimeModelRawClientMessage, Realtime
 
 from openai.types.responses import ToolChoiceFunction  # noqa: E402
 
-from omni_rt.resources import preset_dir  # noqa: E402
 
 CALLS: list[tuple[str, str]] = []
 
@@ -80,18 +76,6 @@ async def test_agents_sdk_spoken_turn(live_server, speech_samples):
         history = session._history  # the SDK's own view of the conversation
         user = [it for it in history if getattr(it, "role", None) == "user"]
         assert user, history
-
-
-@pytest.fixture(scope="module")
-def torch_server(tmp_path_factory):
-    """The CPU preset with the built-in PyTorch thinker instead of llama.cpp (everything else the same)."""
-    tmp = tmp_path_factory.mktemp("torch-server")
-    preset = yaml.safe_load((preset_dir() / "cpu.yaml").read_text())
-    next(st for st in preset["stages"] if st["name"] == "thinker")["args"]["backend"] = "torch"
-    (tmp / "cpu-torch.yaml").write_text(yaml.safe_dump(preset))
-    server = start_server(tmp, "--preset", str(tmp / "cpu-torch.yaml"), "--max-sessions", "4")
-    yield server
-    stop_server(server)
 
 
 @pytest.fixture(params=["llama.cpp", "torch"])

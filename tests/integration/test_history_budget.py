@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import pytest
 import websockets
-from servers import ROOT, start_server, stop_server
 from rt_helpers import validate_event
 
 from omni_rt.engine.prompt.history import HistoryWindow, PromptTooLong
@@ -221,14 +220,6 @@ def test_a_front_trimmed_prompt_counts_its_kept_turns_as_cached_with_cache_reuse
     window.new_tokens("s", before)
     assert window.new_tokens("s", after, reuse_chunk=64) == 30
     assert window.new_tokens("s", after + new, reuse_chunk=0) == 30  # prefix-only: what was after it
-
-
-@pytest.fixture(scope="module")
-def torch_server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("torch"), "--preset", str(ROOT / "latency_bench/presets/torch.yaml"),
-                          "--max-sessions", "4")
-    yield server
-    stop_server(server)
 
 
 async def test_long_session_of_big_turns_stays_answered_on_the_builtin_engine(torch_server):

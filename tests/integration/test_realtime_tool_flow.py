@@ -19,11 +19,8 @@ from typing import Any
 
 import pytest
 import websockets
-import yaml
 from rt_helpers import validate_event
-from servers import start_server, stop_server
 
-from omni_rt.resources import preset_dir
 
 ORDER = {"type": "function", "name": "get_order_status", "description": "The delivery status of a customer's order.",
          "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}
@@ -173,21 +170,10 @@ async def test_cancelling_the_preamble_keeps_the_call(live_server):
     assert live_server.wait_idle(timeout=30)["total"] == 0
 
 
-@pytest.fixture(scope="module")
-def torch_server(tmp_path_factory):
-    """The CPU preset with the built-in PyTorch thinker, whose grammar under ``required`` + ``parallel_tool_calls``
-    admits several calls (the llama.cpp engine's forced call is one JSON object; under ``auto`` both engines
-    parse every call the model writes)."""
-    tmp = tmp_path_factory.mktemp("torch-server")
-    preset = yaml.safe_load((preset_dir() / "cpu.yaml").read_text())
-    next(st for st in preset["stages"] if st["name"] == "thinker")["args"]["backend"] = "torch"
-    (tmp / "cpu-torch.yaml").write_text(yaml.safe_dump(preset))
-    server = start_server(tmp, "--preset", str(tmp / "cpu-torch.yaml"), "--max-sessions", "4")
-    yield server
-    stop_server(server)
-
-
 async def test_parallel_calls_answered_from_outputs_in_reverse_order(torch_server):
+    """On the PyTorch thinker, whose grammar under ``required`` + ``parallel_tool_calls`` admits several calls (the
+    llama.cpp engine's forced call is one JSON object; under ``auto`` both engines parse every call the model
+    writes)."""
     live_server = torch_server
     ws, rt = await connect(live_server)
     async with asyncio.timeout(240), ws:
