@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from servers import start_server, stop_server
+from servers import KEYED_API_KEY, KEYED_MAX_MESSAGE_BYTES, start_server, stop_server
 
 HERE = Path(__file__).resolve().parent
 
@@ -44,6 +44,25 @@ def torch_server(tmp_path_factory):
     next(st for st in preset["stages"] if st["name"] == "thinker")["args"]["backend"] = "torch"
     (tmp / "cpu-torch.yaml").write_text(yaml.safe_dump(preset))
     server = start_server(tmp, "--preset", str(tmp / "cpu-torch.yaml"), "--max-sessions", "4")
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def keyed_server(tmp_path_factory):
+    """A server with an API key and small limits (2 sessions, 64 KiB messages), one process for the session: the
+    auth and limit tests of the Realtime, GPT-Live and HTTP surfaces."""
+    server = start_server(tmp_path_factory.mktemp("keyed"), "--max-sessions", "2", "--api-key", KEYED_API_KEY,
+                          "--max-message-bytes", str(KEYED_MAX_MESSAGE_BYTES))
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def delegating_server(tmp_path_factory):
+    """A server that delegates every GPT-Live turn to the client (``--live-delegation always``), one process for
+    the session (the raw protocol's and Pipecat's delegation tests)."""
+    server = start_server(tmp_path_factory.mktemp("live-deleg"), "--live-delegation", "always", "--max-sessions", "4")
     yield server
     stop_server(server)
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
+KEYED_API_KEY = "sekret"  # conftest's ``keyed_server``: its API key and message limit
+KEYED_MAX_MESSAGE_BYTES = 64 * 1024
 
 
 def free_port() -> int:

@@ -46,17 +46,11 @@ def test_http_errors_have_the_openai_shape(live_server):
         assert http.get("/debug/stage_times", params={"after": 0}).status_code == 200
 
 
-def test_refused_key_has_the_openai_shape(tmp_path_factory):
-    from servers import start_server, stop_server
-
-    server = start_server(tmp_path_factory.mktemp("keyed"), "--max-sessions", "2", "--api-key", "k-123")
-    try:
-        with httpx.Client(base_url=server.http_url, timeout=10) as http:
-            for path in ("/metrics", "/debug/state"):
-                assert_openai_error(http.get(path), 401, "invalid_api_key")
-            assert_openai_error(http.get("/nope"), 404, "not_found")
-    finally:
-        stop_server(server)
+def test_refused_key_has_the_openai_shape(keyed_server):
+    with httpx.Client(base_url=keyed_server.http_url, timeout=10) as http:
+        for path in ("/metrics", "/debug/state"):
+            assert_openai_error(http.get(path), 401, "invalid_api_key")
+        assert_openai_error(http.get("/nope"), 404, "not_found")
 
 
 async def test_invalid_json_messages_carry_no_decoder_text(live_server):

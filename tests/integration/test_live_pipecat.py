@@ -39,15 +39,6 @@ async def test_pipecat_live_service_hears_and_answers(live_server, speech_sample
 
 
 @pytest.fixture(scope="module")
-def delegating_server(tmp_path_factory):
-    from servers import start_server, stop_server
-
-    server = start_server(tmp_path_factory.mktemp("live-pipecat"), "--live-delegation", "always", "--max-sessions", "2")
-    yield server
-    stop_server(server)
-
-
-@pytest.fixture(scope="module")
 def backend_chat_server():
     """The client's backend: SmolLM2 behind omni-rt's OpenAI-compatible chat server, which Pipecat's
     ``OpenAILLMService`` talks to as it would to any chat-completions endpoint."""

@@ -319,30 +319,16 @@ async def test_sideband_attach_sees_and_drives_the_session(live_server):
         await ws.close()
 
 
-async def test_auth_like_realtime(tmp_path_factory):
-    from servers import start_server, stop_server
-
-    server = start_server(tmp_path_factory.mktemp("live-auth"), "--api-key", "sekret", "--max-sessions", "2")
-    try:
-        with pytest.raises(websockets.exceptions.ConnectionClosed) as info:
-            async with websockets.connect(f"{server.ws_url}/v1/live/sessions", open_timeout=60) as ws:
-                await ws.recv()
-        assert info.value.rcvd.code == 1008
-        async with websockets.connect(f"{server.ws_url}/v1/live/sessions", open_timeout=60,
-                                      additional_headers={"Authorization": "Bearer sekret", "OpenAI-Alpha": "quicksilver=v3"}) as ws:
-            await ws.send(json.dumps({"type": "session.start", "session": {"model": "gpt-live-1"}}))
-            assert json.loads(await ws.recv())["type"] == "session.started"
-    finally:
-        stop_server(server)
-
-
-@pytest.fixture(scope="module")
-def delegating_server(tmp_path_factory):
-    from servers import start_server, stop_server
-
-    server = start_server(tmp_path_factory.mktemp("live-deleg"), "--live-delegation", "always", "--max-sessions", "4")
-    yield server
-    stop_server(server)
+async def test_auth_like_realtime(keyed_server):
+    with pytest.raises(websockets.exceptions.ConnectionClosed) as info:
+        async with websockets.connect(f"{keyed_server.ws_url}/v1/live/sessions", open_timeout=60) as ws:
+            await ws.recv()
+    assert info.value.rcvd.code == 1008
+    async with websockets.connect(f"{keyed_server.ws_url}/v1/live/sessions", open_timeout=60,
+                                  additional_headers={**keyed_server.auth_headers, "OpenAI-Alpha": "quicksilver=v3"}) as ws:
+        await ws.send(json.dumps({"type": "session.start", "session": {"model": "gpt-live-1"}}))
+        assert json.loads(await ws.recv())["type"] == "session.started"
+    assert keyed_server.wait_idle(timeout=30)["total"] == 0
 
 
 async def test_client_delegation_preamble_then_result_spoken(delegating_server, speech_samples):

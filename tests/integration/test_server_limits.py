@@ -13,20 +13,10 @@ from typing import Any
 import httpx
 import pytest
 import websockets
-from servers import start_server, stop_server
+from servers import KEYED_API_KEY, KEYED_MAX_MESSAGE_BYTES
 from rt_helpers import validate_event
 
-KEY = "sekret"
-MAX_MESSAGE_BYTES = 64 * 1024
-
-
-@pytest.fixture(scope="module")
-def limited_server(tmp_path_factory):
-    """One server for every limit here: 2 sessions, an API key, a 64 KiB message limit."""
-    server = start_server(tmp_path_factory.mktemp("limited"), "--max-sessions", "2", "--api-key", KEY,
-                          "--max-message-bytes", str(MAX_MESSAGE_BYTES))
-    yield server
-    stop_server(server)
+KEY, MAX_MESSAGE_BYTES = KEYED_API_KEY, KEYED_MAX_MESSAGE_BYTES  # conftest's keyed_server
 
 
 def ws_connect(url: str, **kw: Any):
@@ -66,8 +56,8 @@ async def connect_retrying_full(url: str, **kw: Any):
 BEARER = {"additional_headers": {"Authorization": f"Bearer {KEY}"}}
 
 
-async def test_auth(limited_server):
-    url = f"{limited_server.ws_url}/v1/realtime"
+async def test_auth(keyed_server):
+    url = f"{keyed_server.ws_url}/v1/realtime"
     async with asyncio.timeout(60):
         async with ws_connect(url) as ws:
             reason = await expect_close(ws, 1008)
@@ -76,21 +66,21 @@ async def test_auth(limited_server):
             await expect_close(ws, 1008)
         async with ws_connect(f"{url}?token=wrong") as ws:
             await expect_close(ws, 1008)
-        async with ws_connect(f"{limited_server.ws_url}/v1/telephony/twilio") as ws:
+        async with ws_connect(f"{keyed_server.ws_url}/v1/telephony/twilio") as ws:
             await expect_close(ws, 1008)
         async with ws_connect(url, **BEARER) as ws:
             await expect_session(ws)
         async with ws_connect(f"{url}?token={KEY}&model=gpt-realtime") as ws:
             await expect_session(ws)
-    refused = await asyncio.to_thread(httpx.get, f"{limited_server.http_url}/metrics", timeout=10)
+    refused = await asyncio.to_thread(httpx.get, f"{keyed_server.http_url}/metrics", timeout=10)
     assert refused.status_code == 401, refused.text  # metrics are behind the key when one is set
-    metrics = (await asyncio.to_thread(httpx.get, f"{limited_server.http_url}/metrics", headers=limited_server.auth_headers,
+    metrics = (await asyncio.to_thread(httpx.get, f"{keyed_server.http_url}/metrics", headers=keyed_server.auth_headers,
                                        timeout=10)).text
     assert 'omni_rt_connections_total{outcome="refused_auth",surface="realtime"} 3.0' in metrics, metrics
 
 
-async def test_full_server_closes_1013_then_admits_again(limited_server):
-    url = f"{limited_server.ws_url}/v1/realtime"
+async def test_full_server_closes_1013_then_admits_again(keyed_server):
+    url = f"{keyed_server.ws_url}/v1/realtime"
     async with asyncio.timeout(90):
         first = await connect_retrying_full(url, **BEARER)
         second = await connect_retrying_full(f"{url}?token={KEY}")
@@ -107,11 +97,11 @@ async def test_full_server_closes_1013_then_admits_again(limited_server):
         again = await connect_retrying_full(url, **BEARER)
         await again.close()
         await second.close()
-    assert limited_server.wait_idle(timeout=30)["total"] == 0
+    assert keyed_server.wait_idle(timeout=30)["total"] == 0
 
 
-async def test_configured_message_limit_closes_1009(limited_server):
-    url = f"{limited_server.ws_url}/v1/realtime"
+async def test_configured_message_limit_closes_1009(keyed_server):
+    url = f"{keyed_server.ws_url}/v1/realtime"
     async with asyncio.timeout(60):
         ws = await connect_retrying_full(url, **BEARER)
         await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": "A" * (MAX_MESSAGE_BYTES + 1024)}))
@@ -123,7 +113,7 @@ async def test_configured_message_limit_closes_1009(limited_server):
         event = json.loads(await ws.recv())
         assert event["type"] == "session.updated", event
         await ws.close()
-    assert limited_server.wait_idle(timeout=30)["total"] == 0
+    assert keyed_server.wait_idle(timeout=30)["total"] == 0
 
 
 # ---- churn: aborted answers and vanished clients ---------------------------------------------------------
