@@ -113,8 +113,9 @@ async def test_preamble_then_a_second_question_while_the_tool_runs_then_the_late
         assert added == ["message", "function_call"] and "get_order_status" not in _transcript(events)
         first_audio = rt.time_of(lambda e: e["type"] == "response.output_audio.delta") - asked
         # the thinker prefills the tools' ~140-token prompt first: ~0.6 s on the reference box, 1.2 s on slower 2-core
-        # machines (llama.cpp at ~8 ms a token on one thread), where first audio came 1.8-1.9 s after the question
-        assert first_audio <= (4.0 if _busy() else 2.5), f"first audio {first_audio:.2f} s after the question"
+        # machines (llama.cpp at ~8 ms a token on one thread), where first audio came 1.8-1.9 s after the question;
+        # 1.9-2.55 s on the 2-vCPU CI machine (four runs, 2026-12-08) and once 2.72 s in the suite: a wide margin
+        assert first_audio <= (5.0 if _busy() else 3.5), f"first audio {first_audio:.2f} s after the question"
         call = done["output"][1]
         call_issued = rt.time_of(lambda e: e["type"] == "response.function_call_arguments.done")
 
