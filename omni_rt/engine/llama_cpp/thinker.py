@@ -514,7 +514,6 @@ def create_llama_cpp_thinker(
     binary: str | os.PathLike,
     *,
     name: str = "thinker",
-    tokenizer: Any = None,
     tokenizer_loader: Callable[[], Any] | None = None,
     default_max_tokens: int = 256,
     history_tokens: int | None = None,
@@ -526,8 +525,7 @@ def create_llama_cpp_thinker(
     server = LlamaServer(binary, server_args)
     server.launch()
     try:
-        if tokenizer_loader is not None:
-            tokenizer = tokenizer_loader()
+        tokenizer = tokenizer_loader() if tokenizer_loader is not None else None
         return LlamaCppThinker(server, history_tokens=history_tokens, model="omni-rt-thinker", tokenizer=tokenizer,
                                name=name, default_max_tokens=default_max_tokens, dialect="llama.cpp", **remote_kwargs)
     except BaseException:
